@@ -1,0 +1,51 @@
+# Preflight: the two front-door commands are `make report` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PROFILE ?= data/profiles/example.yaml
+AUDIT_ARGS ?=
+# make wheelhouse: which interpreter / platform the wheels are for (an air-gapped cluster's).
+WHEEL_PY ?= 3.11
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+WHEELHOUSE ?= wheelhouse
+
+.PHONY: setup report plan test lab wheelhouse clean
+
+# Installed once; re-run only when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m ipykernel install --sys-prefix --name preflight --display-name "Python (preflight)" > /dev/null
+	touch $@
+
+setup: $(VENV)/.installed
+
+## Audit the example profile with live measurements on this machine.
+report: setup
+	$(PY) -m preflight audit $(PROFILE) $(AUDIT_ARGS)
+
+## Formulas only, no live measurement (fast).
+plan: setup
+	$(PY) -m preflight audit $(PROFILE) --plan-only $(AUDIT_ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## JupyterLab for workshops: loopback only, token on.
+lab: setup
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=playbook
+
+## Every wheel the project needs, for an offline install on another machine (see README).
+wheelhouse:
+	mkdir -p $(WHEELHOUSE)
+	$(PYTHON) -c "import tomllib; d=tomllib.load(open('pyproject.toml','rb'))['project']; \
+	  print('\n'.join(d['dependencies'] + d['optional-dependencies']['test'] + ['setuptools>=68', 'pip']))" \
+	  > $(WHEELHOUSE)/requirements.txt
+	$(PYTHON) -m pip download --only-binary=:all: --python-version $(WHEEL_PY) --implementation cp \
+	  --platform $(WHEEL_PLATFORM) --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	@echo "wheels in $(WHEELHOUSE)/. Offline: python3 -m venv .venv && .venv/bin/pip install --no-index --find-links $(WHEELHOUSE) -e '.[test]'"
+
+clean:
+	rm -rf $(VENV) reports build lib/*.egg-info

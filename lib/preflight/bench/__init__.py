@@ -1,0 +1,2 @@
+"""Live measurements. Each module runs alone (``python -m preflight.bench.NAME --out DIR``) and
+writes versioned JSON records (see ``preflight.records``) that the audit can ingest with ``--results``."""

@@ -1,0 +1,98 @@
+"""What accelerator is here: CUDA (NVIDIA or ROCm through torch), or the CPU fallback.
+
+``probe()`` is the single source of the device facts every record and report shows. On a CPU-only
+machine everything still runs, and every figure is labelled as measured on the CPU.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+from preflight import hardware
+
+
+@dataclass
+class DeviceInfo:
+    kind: str                   # "cuda" or "cpu"
+    name: str                   # e.g. "NVIDIA H200" or the CPU model
+    count: int                  # devices of that kind (CPU: logical cores usable)
+    memory_GB: float | None     # per device (CPU: host RAM)
+    driver: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    capability: str | None = None
+    table_key: str | None = None   # key in preflight.hardware.CHIPS, None when unknown
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({'GPU' if self.is_gpu else 'CPU fallback'})"
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["label"] = self.label
+        return d
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _host_memory_GB() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _nvml_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else v
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML (CPU, AMD): reported as None
+        return None
+
+
+def probe() -> DeviceInfo:
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        name = torch.cuda.get_device_name(0)
+        return DeviceInfo(
+            kind="cuda", name=name, count=torch.cuda.device_count(),
+            memory_GB=props.total_memory / 1e9, driver=_nvml_driver(), torch=torch.__version__,
+            cuda=torch.version.cuda or getattr(torch.version, "hip", None),
+            capability=f"{props.major}.{props.minor}",
+            table_key=(hardware.lookup(name).name if hardware.lookup(name) else None),
+        )
+    return DeviceInfo(
+        kind="cpu", name=_cpu_name(), count=len(os.sched_getaffinity(0)), memory_GB=_host_memory_GB(),
+        torch=torch.__version__, notes=["no accelerator found: measurements run on the CPU and are "
+                                        "labelled as such; GPU-only parts are shown as not available"],
+    )
+
+
+def torch_device(info: DeviceInfo | None = None):
+    import torch
+
+    info = info or probe()
+    return torch.device("cuda:0" if info.is_gpu else "cpu")

@@ -1,0 +1,102 @@
+"""The finding: the audit's unit of output, with a fixed contract.
+
+Each chapter notebook emits findings; the audit merges them into findings.json and the report reads
+only that. Fields:
+
+- ``id``        namespaced, ``chapter/metric`` (e.g. ``baseline/mfu``);
+- ``value``     a number (or None when it could not be obtained), in ``unit``;
+- ``verdict``   pass | warn | fail | info (``error`` is set by the audit for a chapter that raised);
+- ``threshold`` what the value was judged against, in words (e.g. ">= 0.40 pass, < 0.25 fail");
+- ``message``   what it means, one sentence; ``fix`` what to do, one sentence;
+- ``source``    where the number comes from: ``measured on <device>`` or ``computed from profile``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+Verdict = Literal["pass", "warn", "fail", "info", "error"]
+VERDICT_RANK = {"info": 0, "pass": 1, "warn": 2, "fail": 3, "error": 4}
+
+
+@dataclass
+class Finding:
+    id: str
+    value: float | None
+    unit: str
+    verdict: Verdict
+    threshold: str
+    message: str
+    fix: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if "/" not in self.id:
+            raise ValueError(f"finding id must be namespaced 'chapter/metric', got {self.id!r}")
+        if self.verdict not in VERDICT_RANK:
+            raise ValueError(f"verdict must be one of {list(VERDICT_RANK)}, got {self.verdict!r}")
+        if self.value is not None:
+            self.value = float(self.value)
+            if not math.isfinite(self.value):
+                self.value = None if math.isnan(self.value) else self.value
+
+
+def judge(value: float | None, *, warn: float, fail: float, higher_is_better: bool = True,
+          fmt: str = "{:g}") -> tuple[Verdict, str]:
+    """Verdict for ``value`` against two thresholds, and the threshold in words.
+
+    ``higher_is_better``: pass at >= warn, warn between, fail below ``fail``; otherwise mirrored.
+    None (not measured) gives ``info``.
+    """
+    if higher_is_better:
+        words = f"pass >= {fmt.format(warn)}, fail < {fmt.format(fail)}"
+        if value is None:
+            return "info", words
+        return ("pass" if value >= warn else "warn" if value >= fail else "fail"), words
+    words = f"pass <= {fmt.format(warn)}, fail > {fmt.format(fail)}"
+    if value is None:
+        return "info", words
+    return ("pass" if value <= warn else "warn" if value <= fail else "fail"), words
+
+
+def worst(verdicts) -> Verdict:
+    vs = list(verdicts)
+    return max(vs, key=VERDICT_RANK.__getitem__) if vs else "info"
+
+
+class FindingSink:
+    """Collects a chapter's findings and rewrites its JSON file after each one.
+
+    Writing as we go means a chapter that raises half-way still leaves the findings it made.
+    ``path=None`` (interactive use) keeps them in memory only.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, chapter: str = ""):
+        self.path = Path(path) if path else None
+        self.chapter = chapter
+        self.findings: list[Finding] = []
+
+    def add(self, **kw) -> Finding:
+        f = Finding(**kw)
+        self.findings = [x for x in self.findings if x.id != f.id] + [f]
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"chapter": self.chapter,
+                                       "findings": [asdict(x) for x in self.findings]}, indent=1))
+            tmp.replace(self.path)
+        return f
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([asdict(f) for f in self.findings])
+
+
+def read_findings(path: str | os.PathLike) -> list[Finding]:
+    data = json.loads(Path(path).read_text())
+    return [Finding(**f) for f in data["findings"]]

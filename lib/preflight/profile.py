@@ -1,0 +1,168 @@
+"""The project profile: the audit's input, a YAML file validated here.
+
+Every field carries its unit in its name or description, an accepted range, and a default where one
+makes sense. Bad input raises ``ProfileError`` with one line per problem naming the field, the value
+given and what is accepted; the CLI turns that into exit code 2 before anything is written.
+
+Chapters add their own fields here (one schema, one home).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from preflight.hardware import CHIPS
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; ``str()`` is the message for the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Model(_Strict):
+    params: Annotated[float, Field(ge=1e3, le=1e14, description="parameter count")]
+    layers: Annotated[int, Field(ge=1, le=10_000, description="Transformer layers")]
+    hidden: Annotated[int, Field(ge=8, le=1_000_000, description="hidden size")]
+    seq_len: Annotated[int, Field(ge=1, le=10_000_000, description="sequence length, tokens")]
+
+
+class Cluster(_Strict):
+    gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+    nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
+    intra_node_GBps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
+    inter_node_Gbps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU inter-node bandwidth, Gb/s")] = 200.0
+    node_failure_per_day: Annotated[float, Field(ge=0, le=1, description="probability a node fails in a day")] = 1e-4
+    walltime_h: Annotated[float, Field(gt=0, le=10_000, description="job walltime limit, hours")] = 48.0
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        if v != "auto" and v not in CHIPS:
+            raise ValueError(f"unknown GPU '{v}'; accepted: auto, {', '.join(CHIPS)}")
+        return v
+
+
+class Training(_Strict):
+    step_compute_s: Annotated[float, Field(gt=0, le=1e5, description="parallelisable compute per step on one GPU, s")] = 0.8
+    step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part per step, s")] = 0.09
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    tp: Annotated[int, Field(ge=1, le=1024, description="tensor-parallel size")] = 1
+    pp: Annotated[int, Field(ge=1, le=1024, description="pipeline-parallel size")] = 1
+    microbatches: Annotated[int, Field(ge=1, le=100_000)] = 8
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    interleave: Annotated[int, Field(ge=1, le=128, description="model chunks per device")] = 1
+    checkpoint_write_s: Annotated[float, Field(ge=0, le=1e6, description="time to write one checkpoint, s")] = 60.0
+    run_days: Annotated[float, Field(gt=0, le=3650, description="planned run length, days")] = 30.0
+
+
+class Data(_Strict):
+    files: Annotated[int, Field(ge=1, le=10**12, description="number of files in the dataset")] = 1
+    mean_file_kB: Annotated[float, Field(gt=0, le=1e9, description="mean file size, kB")] = 100_000.0
+    storage: Literal["lustre", "gpfs", "nfs", "local_nvme", "object"] = "lustre"
+
+
+class Profile(_Strict):
+    project: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                         description="report folder name: letters, digits, - and _ (1-64)")
+    model: Model
+    cluster: Cluster = Cluster()
+    training: Training = Training()
+    data: Data = Data()
+    measure: bool = Field(True, description="false = plan-only: formulas on the profile, no live measurement")
+    notes: str = Field("", max_length=10_000)
+
+    @model_validator(mode="after")
+    def _plan_fits(self) -> "Profile":
+        gpus = self.cluster.gpus_per_node * self.cluster.nodes
+        t = self.training
+        if gpus % (t.tp * t.pp):
+            raise ValueError(f"training.tp * training.pp = {t.tp * t.pp} must divide the GPU count "
+                             f"cluster.gpus_per_node * cluster.nodes = {gpus}")
+        if t.pipeline_schedule == "interleaved" and t.pp > 1 and t.microbatches % t.pp:
+            raise ValueError(f"training.microbatches = {t.microbatches} must be a multiple of training.pp = "
+                             f"{t.pp} for the interleaved schedule")
+        if t.pipeline_schedule != "interleaved" and t.interleave != 1:
+            raise ValueError(f"training.interleave = {t.interleave} needs pipeline_schedule: interleaved")
+        return self
+
+    # Derived quantities: one home, so chapters never recompute them differently.
+    @property
+    def gpus(self) -> int:
+        return self.cluster.gpus_per_node * self.cluster.nodes
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.training.tp * self.training.pp)
+
+
+def _accepted_range(loc: tuple) -> str:
+    """'low .. high' from the schema's bounds for the field at ``loc``, '' when it has none."""
+    model: type[BaseModel] | None = Profile
+    info = None
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return ""
+        info = model.model_fields[part]
+        ann = info.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if info is None:
+        return ""
+    low = high = None
+    for m in info.metadata:
+        for attr, side in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if side.startswith(">"):
+                    low = f"{side} {v:g}"
+                else:
+                    high = f"{side} {v:g}"
+    return ", ".join(x for x in (low, high) if x)
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid profile {source}:"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        value = e.get("input")
+        shown = "(missing)" if e["type"] == "missing" else repr(value)
+        if isinstance(value, dict) and e["type"] != "missing":
+            shown = "{...}"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check spelling; see data/profiles/example.yaml)"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = "accepted: letters, digits, - and _ (1 to 64 characters)"
+        accepted = _accepted_range(e["loc"])
+        if accepted and e["type"] not in ("extra_forbidden", "string_pattern_mismatch"):
+            msg += f" (accepted: {accepted})"
+        lines.append(f"  {field} = {shown}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_profile(data: object, source: str = "<data>") -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"invalid profile {source}: expected a YAML mapping at the top level, got "
+                           f"{type(data).__name__}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(_format(err, source)) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; ``ProfileError`` on any problem (never a traceback)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"profile file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ProfileError(f"profile {p} is not readable YAML: {err}") from None
+    return parse_profile(data, str(p))
