@@ -1,0 +1,418 @@
+"""The single-device baseline: the price list every scaling decision is checked against.
+
+Before scaling out, train the reference model (``preflight.bench.reference``) on one device and
+measure the three baselines, on the three layers at once (any one alone misleads):
+
+- business: throughput, samples/s and tokens/s, from the median step time;
+- framework: the composition of a step (data wait / forward / backward / optimizer / other, from
+  ``StepTimer``) and a ``torch.profiler`` op table grouped into categories (matmul, attention,
+  memory-bound, communication, data, optimizer, other). The *memory-bound share* is the headline:
+  more devices do not make a memory-bound step faster, fusion does;
+- hardware: NVML utilisation, clock and power on NVIDIA GPUs (``preflight.bench.nvml``);
+- and peak memory, the FLOPs of one step (counted by ``FlopCounterMode`` and by the ``6N + 12 L h s``
+  formula, with their ratio) and MFU against the datasheet peak and against the measured matmul
+  ceiling (``preflight.bench.ceilings``), the better denominator.
+
+The loop is a real one: a ``torch.utils.data.DataLoader`` over a synthetic dataset (so waiting for
+data is real work), AdamW, warm-up steps discarded. Run alone::
+
+    python -m preflight.bench.baseline --out results/ [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from preflight import hardware
+from preflight.bench import reference as ref
+from preflight.bench.ceilings import default_device, device_name, launch_rank, matmul_rate, on_device
+from preflight.bench.nvml import NvmlSampler
+from preflight.models.flops import mfu, train_flops_per_token
+from preflight.timing import StepTimer, synchronize
+
+CATEGORIES = ("matmul", "attention", "memory_bound", "communication", "data", "optimizer", "other")
+
+
+# ------------------------------------------------------------------------------------------- data
+class SyntheticTokens(Dataset):
+    """Random token sequences, generated per item from a per-index seed (deterministic, and real CPU
+    work for the loader: the data wait the loop measures is not zero by construction)."""
+
+    def __init__(self, cfg: ref.RefConfig, length: int = 1_000_000, seed: int = 0):
+        self.cfg, self.length, self.seed = cfg, length, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.seed + i)
+        t = torch.randint(0, self.cfg.vocab, (self.cfg.seq_len + 1,), generator=g)
+        return t[:-1], t[1:]
+
+
+def make_loader(cfg: ref.RefConfig, device, num_workers: int | None = None) -> DataLoader:
+    """GPU: 2 worker processes and pinned batches (asynchronous copies). CPU: loading in the main
+    process, since extra workers would only steal the cores the model computes on."""
+    gpu = torch.device(device).type == "cuda"
+    workers = (2 if gpu else 0) if num_workers is None else num_workers
+    return DataLoader(SyntheticTokens(cfg), batch_size=cfg.batch, num_workers=workers, pin_memory=gpu)
+
+
+# -------------------------------------------------------------------------------- op categories
+_COMM = re.compile(r"nccl|gloo|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all")
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv", "mv", "dot", "vdot",
+           "einsum", "scaled_mm", "addmm_activation", "int_mm", "tensordot"}
+_MEMORY_BOUND = {
+    "layer_norm", "native_layer_norm", "rms_norm", "fused_rms_norm", "group_norm", "native_group_norm",
+    "batch_norm", "native_batch_norm", "gelu", "relu", "silu", "sigmoid", "tanh", "softplus", "threshold",
+    "leaky_relu", "elu", "glu", "mish", "hardtanh", "softmax", "log_softmax", "dropout", "native_dropout",
+    "fused_dropout", "bernoulli", "cross_entropy_loss", "cross_entropy", "nll_loss", "nll_loss_forward",
+    "nll_loss2d_forward", "mse_loss", "add", "sub", "rsub", "mul", "div", "neg", "exp", "log", "pow", "sqrt",
+    "rsqrt", "abs", "clamp", "where", "masked_fill", "lerp", "addcmul", "addcdiv", "reciprocal", "maximum",
+    "minimum", "fill", "zero", "copy", "to_copy", "to", "clone", "contiguous", "cat", "stack",
+    "index_select", "gather", "scatter", "scatter_add", "index", "index_put", "embedding",
+    "embedding_dense", "sum", "mean", "amax", "max", "min", "var", "std", "cumsum", "tril", "triu",
+    "ones_like", "zeros_like", "fill_", "unsafe_split", "split_with_sizes_copy",
+}
+
+
+def _normalise(name: str) -> str:
+    """'aten::native_layer_norm_backward' -> 'native_layer_norm'; 'AddmmBackward0' -> 'addmm'."""
+    base = name.split("::")[-1].split(": ")[-1].strip()
+    base = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower()     # CamelCase autograd nodes
+    base = re.sub(r"_?backward(0|_data|_input|_weight)?$", "", base)
+    return base.strip("_")
+
+
+def categorize(op_name: str) -> str:
+    """Category of one profiler op name: one of ``CATEGORIES``. A pure function of the name.
+
+    Phases before kernels (an op in the optimizer step is 'optimizer' whatever it computes; see
+    ``event_category`` for that context rule), then kernels by what bounds them: matmuls and
+    attention are compute-bound, elementwise ops, norms, activations, softmax, copies, embedding
+    lookups and loss pieces are memory-bound. Views, allocation and launch overhead are 'other'.
+    """
+    low = op_name.lower()
+    if _COMM.search(low):
+        return "communication"
+    if "dataloader" in low or "data_wait" in low or "pin_memory" in low:
+        return "data"
+    if "optimizer" in low or "_foreach_" in low or "zero_grad" in low or re.search(r"fused_(adam|sgd)", low):
+        return "optimizer"
+    if "attention" in low or "scaled_dot_product" in low or "sdpa" in low or "flash" in low:
+        return "attention"
+    base = _normalise(op_name)
+    if base in _MATMUL or "gemm" in low or "cublas" in low:
+        return "matmul"
+    if base in _MEMORY_BOUND or re.search(r"(layer|rms|group|batch)_?norm|elementwise|reduce_kernel", low):
+        return "memory_bound"
+    return "other"
+
+
+_CONTEXT = ("data", "optimizer", "communication", "attention")
+
+
+def event_category(evt) -> str:
+    """Category of a profiler event *in its call stack*: the outermost enclosing data / optimizer /
+    communication / attention region wins (AdamW's ``mul_`` is optimizer time, not memory-bound
+    model time); otherwise the op's own category; an uncategorised op (a view, an allocation)
+    takes that of its nearest categorised caller (``aten::t`` inside ``aten::linear`` is matmul)."""
+    outer, p = None, evt.cpu_parent
+    while p is not None:
+        if categorize(p.name) in _CONTEXT:
+            outer = categorize(p.name)
+        p = p.cpu_parent
+    if outer:
+        return outer
+    own, p = categorize(evt.name), evt.cpu_parent
+    while own == "other" and p is not None:
+        own, p = categorize(p.name), p.cpu_parent
+    return own
+
+
+def op_table(prof, device):
+    """Self time per (op, category), seconds, largest first. CPU: self CPU time. GPU: self device
+    (kernel) time of each op, so nested ops never count twice; kernels no op claims go to 'other'."""
+    import pandas as pd
+    from torch.autograd import DeviceType
+
+    gpu = torch.device(device).type == "cuda"
+    rows: dict[tuple[str, str], float] = {}
+    claimed = kernels = 0.0
+    for evt in prof.events():
+        if evt.device_type != DeviceType.CPU:                 # a kernel: also listed under its op
+            kernels += evt.time_range.elapsed_us() if gpu else 0.0
+            continue
+        us = evt.self_device_time_total if gpu else evt.self_cpu_time_total
+        if us > 0:
+            key = (evt.name, event_category(evt))
+            rows[key] = rows.get(key, 0.0) + us
+            claimed += us
+    if gpu and kernels > claimed:
+        rows[("(kernels without a CPU op)", "other")] = kernels - claimed
+    df = pd.DataFrame([{"op": k[0], "category": k[1], "time_s": v / 1e6} for k, v in rows.items()],
+                      columns=["op", "category", "time_s"])
+    return df.sort_values("time_s", ascending=False, ignore_index=True)
+
+
+def category_table(ops):
+    """Per category: time_s and share of all op time (shares sum to 1), in ``CATEGORIES`` order."""
+    import pandas as pd
+
+    t = ops.groupby("category")["time_s"].sum() if len(ops) else {}
+    total = float(sum(t.values)) if len(ops) else 0.0
+    return pd.DataFrame([{"category": c, "time_s": float(t.get(c, 0.0)),
+                          "share": float(t.get(c, 0.0)) / total if total else 0.0} for c in CATEGORIES])
+
+
+# ---------------------------------------------------------------------------------------- FLOPs
+def _attn_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    """QK^T and AV: 2 matmuls of 2 b h s_q s_k d FLOPs (full, not causal-halved: as torch counts)."""
+    b, h, sq, d = q
+    return 2 * b * h * sq * k[2] * d + 2 * b * h * sq * k[2] * v[3]
+
+
+def _attn_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+    """torch's convention for fused attention backward: recompute QK^T, then dP, dV, dQ, dK."""
+    b, h, sq, d = q
+    return 2 * b * h * sq * k[2] * (3 * d + 2 * v[3])
+
+
+def _cpu_attention_mapping() -> dict:
+    """FlopCounterMode has formulas for the CUDA fused attention kernels but (torch 2.11-2.13) not
+    for the CPU one, which it would count as 0 FLOPs; add it with the same convention."""
+    aten, out = torch.ops.aten, {}
+    for op, fn in (("_scaled_dot_product_flash_attention_for_cpu", _attn_flops),
+                   ("_scaled_dot_product_flash_attention_for_cpu_backward", _attn_backward_flops)):
+        if hasattr(aten, op):
+            out[getattr(aten, op)] = fn
+    return out
+
+
+def count_flops(model, cfg: ref.RefConfig, x, y, device) -> dict:
+    """FLOPs of one forward + backward, counted by ``FlopCounterMode`` and by ``6N + 12 L h s``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping()) as fc:
+        with ref.autocast(cfg, device):
+            loss = model(x, y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    n = ref.count_params(model, exclude_embeddings=True)
+    tokens = cfg.batch * cfg.seq_len
+    formula = train_flops_per_token(n, cfg.layers, cfg.hidden, cfg.seq_len) * tokens
+    counted = float(fc.get_total_flops())
+    return {"counted_per_step": counted, "formula_per_step": formula, "ratio_counted_to_formula":
+            counted / formula, "counted_by_op": {str(k): int(v) for k, v in fc.get_flop_counts()["Global"].items()},
+            "params_no_embeddings": n, "tokens_per_step": tokens,
+            "formula": "6N + 12*L*h*s per token, N without embeddings; attention counted full (not causal-halved)"}
+
+
+# --------------------------------------------------------------------------------------- memory
+def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
+    """Bytes held by the training state and by the activations autograd saves for backward.
+
+    Activations: every tensor the forward saves (``saved_tensors_hooks``), counted once per
+    storage, parameters excluded. This is a lower bound of the peak: transient buffers, gradients
+    of activations in flight and allocator overhead are not in it."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved[st.data_ptr()] = max(saved.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with ref.autocast(cfg, device):
+            loss = model(x, y)
+    del loss
+    p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    g_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    o_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                  if torch.is_tensor(t))
+    return {"parameters": p_bytes, "gradients": g_bytes, "optimizer_state": o_bytes,
+            "saved_activations": sum(saved.values())}
+
+
+# -------------------------------------------------------------------------------------- the loop
+def _step(model, opt, batches, cfg, dev, timer: StepTimer):
+    rf = torch.profiler.record_function
+    with timer.phase("data_wait"), rf("data_wait"):
+        x, y = next(batches)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+    with timer.phase("forward"), rf("forward"), ref.autocast(cfg, dev):
+        loss = model(x, y)
+    with timer.phase("backward"), rf("backward"):
+        loss.backward()
+    with timer.phase("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    timer.end_step()
+    return loss.detach()
+
+
+def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int | None = None,
+                     quick: bool = False, warmup: int | None = None, profile_steps: int | None = None,
+                     num_workers: int | None = None) -> dict:
+    """Train the reference model on one device and return the baselines as a JSON-able dict.
+
+    Keys: device, device_name, quick, config, params, params_no_embeddings; headline scalars
+    step_time_s, samples_per_s, tokens_per_s, memory_bound_share, mfu_datasheet,
+    mfu_measured_ceiling, peak_memory_GB; then throughput, composition (list of {phase, seconds,
+    share}), categories (list of {category, time_s, share}), top_ops, profile, flops, mfu, memory,
+    nvml, final_loss, elapsed_s.
+    ``quick`` uses the tiny config (``reference.CPU_TINY``) and few steps: a smoke test.
+    """
+    t_start = time.perf_counter()
+    dev = torch.device(device) if device is not None else default_device()
+    gpu = dev.type == "cuda"
+    cfg = cfg or ref.config_for(dev, tiny=quick)
+    warmup = warmup if warmup is not None else (1 if quick else (5 if gpu else 2))
+    steps = steps or (4 if quick else (20 if gpu else 12))
+    profile_steps = profile_steps or (2 if quick else 3)
+
+    with on_device(dev):
+        model = ref.make_model(cfg, dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        loader = make_loader(cfg, dev, num_workers)
+        batches = iter(loader)
+        timer = StepTimer(dev)
+        for _ in range(warmup):
+            _step(model, opt, batches, cfg, dev, timer)
+        if gpu:
+            torch.cuda.reset_peak_memory_stats(dev)
+        with NvmlSampler(dev) as nv:
+            for _ in range(steps):
+                loss = _step(model, opt, batches, cfg, dev, timer)
+        peak_alloc = torch.cuda.max_memory_allocated(dev) if gpu else None
+
+        prof_info, ops = _profile(model, opt, batches, cfg, dev, profile_steps)
+        x, y = (t.to(dev) for t in next(batches))
+        flops = count_flops(model, cfg, x, y, dev)
+        tb = tensor_bytes(model, opt, cfg, x, y, dev)
+        ceiling = matmul_rate(dev, dtype=cfg.dtype, n=(4096 if gpu else 512) if quick else None)
+        del batches
+
+    frame = timer.frame(skip=warmup)
+    step_s = float(frame["total"].median())
+    tokens = cfg.batch * cfg.seq_len
+    cats = category_table(ops) if ops is not None else None
+    name = device_name(dev) if gpu else None
+    peak = hardware.peak_tflops(name, cfg.dtype)
+    achieved = flops["formula_per_step"] / step_s
+    est = sum(tb.values())
+    mb_share = float(cats.set_index("category").loc["memory_bound", "share"]) if cats is not None else None
+    peak_GB = (peak_alloc if gpu else est) / 1e9
+    return {
+        "device": str(dev), "device_name": name, "quick": quick, "config": cfg.as_dict(),
+        "params": ref.count_params(model), "params_no_embeddings": flops["params_no_embeddings"],
+        # headline scalars (what records_frame shows); the details follow
+        "step_time_s": step_s, "samples_per_s": cfg.batch / step_s, "tokens_per_s": tokens / step_s,
+        "memory_bound_share": mb_share, "mfu_datasheet": mfu(achieved, peak),
+        "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"]), "peak_memory_GB": peak_GB,
+        "throughput": {"warmup_steps": warmup, "steps": steps, "tokens_per_step": tokens,
+                       "step_time_s": step_s, "step_time_p10_s": float(frame["total"].quantile(0.1)),
+                       "step_time_p90_s": float(frame["total"].quantile(0.9)),
+                       "samples_per_s": cfg.batch / step_s, "tokens_per_s": tokens / step_s},
+        "composition": timer.composition(skip=warmup).to_dict("records"),
+        "categories": cats.to_dict("records") if cats is not None else None,
+        "top_ops": ops.head(15).to_dict("records") if ops is not None else None,
+        "profile": prof_info,
+        "flops": flops,
+        "mfu": {"achieved_tflops": achieved / 1e12, "flops_basis": "formula_per_step / median step time",
+                "datasheet_peak_tflops": peak, "mfu_datasheet": mfu(achieved, peak),
+                "peak_note": (f"{hardware.lookup(name).source}, dense {cfg.dtype}" if peak else
+                              f"unknown peak: {name or 'the CPU'} has no {cfg.dtype} entry in preflight.hardware"),
+                "measured_ceiling_tflops": ceiling["tflops"], "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"]),
+                "ceiling": ceiling},
+        "memory": {
+            "method": ("torch.cuda.max_memory_allocated over the timed steps (caching-allocator peak)" if gpu else
+                       "estimate: bytes of parameters + gradients + optimizer state + activations saved for "
+                       "backward (saved_tensors_hooks, unique storages); a lower bound, the CPU has no "
+                       "allocator peak counter"),
+            "peak_GB": peak_GB, "is_lower_bound": not gpu,
+            "reserved_peak_GB": torch.cuda.max_memory_reserved(dev) / 1e9 if gpu else None,
+            "tensor_bytes": tb, "tensor_bytes_GB": est / 1e9},
+        "nvml": nv.summary(),
+        "final_loss": float(loss),
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+def _profile(model, opt, batches, cfg, dev, n: int):
+    """``n`` training steps under ``torch.profiler``; returns (info dict, op table or None)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = dev.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    try:
+        synchronize(dev)
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            for _ in range(n):
+                _step(model, opt, batches, cfg, dev, StepTimer(dev))
+            synchronize(dev)
+        wall = time.perf_counter() - t0
+        ops = op_table(prof, dev)
+    except RuntimeError as err:        # e.g. CUPTI missing: keep the rest of the baseline
+        return {"available": False, "reason": f"torch.profiler failed: {err}"}, None
+    busy = float(ops["time_s"].sum())
+    return {"available": True, "steps": n, "wall_s": wall, "op_time_s": busy, "coverage": busy / wall,
+            "time_basis": ("self device (kernel) time; 1 - coverage ~ device idle" if gpu else
+                           "self CPU time; 1 - coverage ~ Python and profiler overhead")}, ops
+
+
+# -------------------------------------------------------------------------- notebook DataFrames
+def composition_frame(result: dict):
+    import pandas as pd
+
+    return pd.DataFrame(result["composition"])
+
+
+def categories_frame(result: dict):
+    import pandas as pd
+
+    return pd.DataFrame(result["categories"] or [], columns=["category", "time_s", "share"])
+
+
+def ops_frame(result: dict):
+    import pandas as pd
+
+    return pd.DataFrame(result["top_ops"] or [], columns=["op", "category", "time_s"])
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    from preflight.records import make_record, save_record
+
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.baseline", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="results folder")
+    ap.add_argument("--quick", action="store_true", help="tiny model, few steps: a smoke test")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (after warm-up)")
+    ap.add_argument("--device", default=None, help="e.g. cpu or cuda:1 (default: this rank's GPU, else CPU)")
+    args = ap.parse_args(argv)
+
+    dev = torch.device(args.device) if args.device else default_device()
+    res = measure_baseline(dev, steps=args.steps, quick=args.quick)
+    rank = launch_rank()
+    params = {"quick": args.quick, "steps": res["throughput"]["steps"], "device": str(dev), "rank": rank,
+              "config": res["config"]}
+    path = save_record(make_record("baseline", 1, params, res), args.out,
+                       name=f"rank{rank}" if rank is not None else None)
+    tp, m = res["throughput"], res["mfu"]
+    mb = res["memory_bound_share"]
+    print(f"[{path.name}] {dev}: step {tp['step_time_s'] * 1e3:.1f} ms, {tp['samples_per_s']:.1f} samples/s, "
+          f"{tp['tokens_per_s']:.0f} tokens/s, memory-bound share "
+          f"{'n/a' if mb is None else f'{mb:.0%}'}, MFU vs matmul ceiling {m['mfu_measured_ceiling']:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

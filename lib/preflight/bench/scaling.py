@@ -1,0 +1,339 @@
+"""Staged data-parallel scaling, measured with real DDP: 1 -> 2 processes here, 1 -> 8 -> 64 -> 512 GPUs
+on a cluster.
+
+Weak scaling: every rank trains the reference model (``preflight.bench.reference``) on its own
+synthetic batch of fixed size, wrapped in ``DistributedDataParallel``, so a step on ``N`` ranks does
+``N`` times the work of a step on one. Ideally the step time stays flat; what it grows by is the
+price of scale (gradient all-reduce not hidden behind backward, synchronisation, stragglers)::
+
+    efficiency(N) = step_s(1) / step_s(N)        speedup(N) = throughput(N) / throughput(1)
+
+Three ways in:
+
+- the worker, one process per rank, started by ``torchrun`` (or by ``srun``, one task per GPU)::
+
+      torchrun --nproc_per_node=N -m preflight.bench.scaling --out DIR [--steps K] [--quick]
+
+  Rank 0 writes one record (method "scaling") with every rank's median step time.
+- ``run_stages((1, 2), out=DIR)``: runs the worker under ``torchrun --standalone`` for each N on this
+  machine, one after the other, and returns the table.
+- ``load_stage_records(DIR)``: the same table from records produced elsewhere, e.g. by
+  ``slurm/scaling_stages.sbatch`` at 8 / 64 / 512 GPUs; ``measured_efficiencies`` feeds them to
+  ``preflight.models.extrapolate.scaling_curve(measured=...)``.
+
+On a CPU the "devices" are processes (gloo backend), one core each: with 2 cores, N=1 and N=2 are
+the only stages whose timings mean much (field notes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+METHOD, METHOD_VERSION = "scaling", 1
+WARMUP_STEPS = 3
+
+
+# --- who am I: torchrun or Slurm --------------------------------------------------------------------
+
+def first_slurm_host(nodelist: str) -> str:
+    """First hostname of a Slurm node list: ``"gpu[003-010,12],login1"`` -> ``"gpu003"``.
+
+    Inside a batch script ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1`` is the usual
+    way; this pure version serves tasks started by ``srun`` without torchrun.
+    """
+    first, depth = "", 0
+    for ch in nodelist.strip():
+        if ch == "," and depth == 0:
+            break
+        depth += ch == "["
+        depth -= ch == "]"
+        first += ch
+    # every bracket group: keep its first element ("003-010,12" -> "003")
+    return re.sub(r"\[([^\],\-]+)[^\]]*\]", r"\1", first)
+
+
+def dist_env(environ: dict | None = None) -> dict:
+    """Rank layout from the environment, as a dict (pure function of ``environ``).
+
+    torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (and GROUP_WORLD_SIZE =
+    nodes); they win when present. Otherwise, under ``srun`` with one task per device, they are derived
+    from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_NODELIST, with a port derived from
+    the job id (so concurrent jobs on a shared head node do not collide). Neither: one process.
+    Keys: rank, world_size, local_rank, local_world_size, nodes, master_addr, master_port, launcher.
+    """
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        nodes = env.get("GROUP_WORLD_SIZE") or env.get("SLURM_NNODES") or max(1, world // max(1, local_world))
+        return {"rank": int(env["RANK"]), "world_size": world, "local_rank": int(env.get("LOCAL_RANK", 0)),
+                "local_world_size": local_world, "nodes": int(nodes),
+                "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+                "master_port": int(env.get("MASTER_PORT", 29500)), "launcher": "torchrun"}
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = int(env["SLURM_NTASKS"])
+        nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        local_world = int(per_node) if per_node.isdigit() else max(1, world // nodes)
+        port = env.get("MASTER_PORT") or 10000 + int(env.get("SLURM_JOB_ID", 0)) % 20000
+        return {"rank": int(env["SLURM_PROCID"]), "world_size": world,
+                "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": local_world,
+                "nodes": nodes, "master_addr": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+                "master_port": int(port), "launcher": "srun"}
+    return {"rank": 0, "world_size": 1, "local_rank": 0, "local_world_size": 1, "nodes": 1,
+            "master_addr": "127.0.0.1", "master_port": int(env.get("MASTER_PORT", 0)) or _free_port(),
+            "launcher": "single"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the worker ---------------------------------------------------------------------------------------
+
+def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict | None:
+    """One rank of the measurement. Returns the record on rank 0 (after writing it), None elsewhere."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from preflight.bench import reference as ref
+    from preflight.records import make_record, save_record
+    from preflight.timing import time_fn
+
+    de = dist_env()
+    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
+                     ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+        os.environ.setdefault(var, str(de[key]))     # srun / single: what init_process_group reads
+    gpu = torch.cuda.is_available()
+    if gpu:
+        device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if gpu else "gloo"
+    dist.init_process_group(backend, rank=de["rank"], world_size=de["world_size"])
+    try:
+        cfg = ref.config_for(device, tiny=quick)
+        model = ref.make_model(cfg, device, seed=0)
+        ddp = DDP(model, device_ids=[device.index] if gpu else None)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+        gen = torch.Generator().manual_seed(1000 + de["rank"])      # each rank its own data
+        batches = [ref.synthetic_batch(cfg, device, gen) for _ in range(4)]
+        state = {"i": 0}
+
+        def step():
+            tokens, targets = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            opt.zero_grad(set_to_none=True)
+            with ref.autocast(cfg, device):
+                loss = ddp(tokens, targets)
+            loss.backward()           # DDP all-reduces gradient buckets during backward
+            opt.step()
+
+        t = time_fn(step, device=device, warmup=WARMUP_STEPS, repeats=steps)
+        mine = torch.tensor([t.median_s, t.p10_s, t.p90_s], dtype=torch.float64, device=device)
+        every = [torch.zeros_like(mine) for _ in range(de["world_size"])]
+        dist.all_gather(every, mine)
+        per_rank = [[float(v) for v in x.cpu()] for x in every]
+        record = None
+        if de["rank"] == 0:
+            step_s = max(r[0] for r in per_rank)      # the slowest rank sets the pace
+            samples = de["world_size"] * cfg.batch
+            results = {
+                "world_size": de["world_size"], "nodes": de["nodes"],
+                "processes_per_node": de["local_world_size"], "launcher": de["launcher"],
+                "backend": backend, "device_kind": device.type,
+                "unit": "GPUs (nccl)" if gpu else "processes (CPU, gloo)",
+                "omp_num_threads": torch.get_num_threads(),
+                "step_s": step_s,
+                "step_s_per_rank": [r[0] for r in per_rank],
+                "step_s_p10_p90_per_rank": [r[1:] for r in per_rank],
+                "per_rank_batch": cfg.batch,
+                "samples_per_s": samples / step_s,
+                "tokens_per_s": samples * cfg.seq_len / step_s,
+                "steps_timed": steps, "warmup_steps": WARMUP_STEPS,
+            }
+            params = {"model": cfg.as_dict(), "steps": steps, "quick": quick,
+                      "params": ref.count_params(model), "weak_scaling": True}
+            record = make_record(METHOD, METHOD_VERSION, params, results)
+            save_record(record, out, name=f"n{de['world_size']}")
+        dist.barrier()                # field notes: without it ~1 run in 8 aborted at exit
+        return record
+    finally:
+        dist.destroy_process_group()
+
+
+# --- stages on this machine ---------------------------------------------------------------------------
+
+def max_processes() -> tuple[int, str]:
+    """How many ranks this machine can run meaningfully, and the unit label."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPUs (nccl)"
+    return len(os.sched_getaffinity(0)), "processes (CPU, gloo)"
+
+
+def run_stages(ns=(1, 2), out: str | os.PathLike | None = None, quick: bool = False,
+               steps: int | None = None, timeout: float = 300.0):
+    """Run the worker under ``torchrun --standalone --nproc_per_node=N`` for each N; the table.
+
+    N above the machine's limit (CPU: usable cores; GPU: device count) is dropped with a warning and
+    a note in ``df.attrs["notes"]``. On the CPU every stage runs with ``OMP_NUM_THREADS=1``, N=1
+    included: torchrun sets 1 thread per process for N>1, and giving the lone N=1 process both cores
+    instead would measure the op library's thread scaling on top of data parallelism (and
+    efficiency(2) would come out low for a reason unrelated to DDP). With one thread per process
+    every rank does identical work on its own core, so the efficiency is the cost of DDP itself.
+    Each stage gets its own temp dir (TMPDIR) for torchrun's files; ``--standalone`` picks a free port.
+    """
+    limit, unit = max_processes()
+    keep = [n for n in ns if 1 <= n <= limit]
+    notes = []
+    if len(keep) < len(ns):
+        msg = (f"stages {[n for n in ns if n not in keep]} skipped: this machine allows at most "
+               f"{limit} {unit}")
+        warnings.warn(msg, stacklevel=2)
+        notes.append(msg)
+    if steps is None:
+        steps = 15 if quick else 30
+    with tempfile.TemporaryDirectory(prefix="preflight-scaling-") as tmp:
+        out_dir = Path(out) if out is not None else Path(tmp) / "records"
+        paths = []
+        for n in keep:
+            stage_tmp = Path(tmp) / f"n{n}"
+            stage_tmp.mkdir()
+            env = dict(os.environ, TMPDIR=str(stage_tmp))
+            if unit.startswith("processes"):
+                env["OMP_NUM_THREADS"] = "1"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                   "-m", "preflight.bench.scaling", "--out", str(out_dir), "--steps", str(steps)]
+            if quick:
+                cmd.append("--quick")
+            _run(cmd, env, timeout)
+            paths.append(out_dir / f"{METHOD}-n{n}.json")
+        records = [dict(json.loads(p.read_text()), _path=str(p)) for p in paths]
+    df = stages_frame(records)
+    df.attrs["notes"] = notes + df.attrs.get("notes", [])
+    return df
+
+
+def _run(cmd: list[str], env: dict, timeout: float) -> None:
+    """Run torchrun in its own process group; on timeout stop that group (agent and workers)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                output, _ = proc.communicate(timeout=10)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        raise TimeoutError(f"torchrun did not finish within {timeout:.0f} s: {' '.join(cmd)}") from None
+    if proc.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-25:])
+        raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
+
+
+# --- records -> table --------------------------------------------------------------------------------
+
+COLUMNS = ["world_size", "nodes", "unit", "device", "step_s", "throughput", "tokens_per_s", "speedup",
+           "efficiency", "date", "source"]
+
+
+def stages_frame(records: list[dict]):
+    """One row per world size (the latest record of each), efficiency and speedup vs the smallest.
+
+    Columns: world_size, nodes, unit ("GPUs (nccl)" or "processes (CPU, gloo)"), device, step_s
+    (slowest rank's median), throughput (samples/s, all ranks), tokens_per_s, speedup
+    (throughput / throughput at the reference size), efficiency (step_s(ref) / step_s(N): weak
+    scaling), date, source (record file). The reference is N=1 when present, else the smallest N
+    (then ``attrs["notes"]`` says so: efficiencies are relative to it, not to one device).
+    """
+    import pandas as pd
+
+    latest: dict[int, dict] = {}
+    for r in sorted(records, key=lambda r: r.get("date", "")):
+        if r.get("method") == METHOD:
+            latest[int(r["results"]["world_size"])] = r
+    rows = []
+    for n, r in sorted(latest.items()):
+        res = r["results"]
+        rows.append({"world_size": n, "nodes": res.get("nodes"), "unit": res.get("unit"),
+                     "device": (r.get("device") or {}).get("name"), "step_s": res["step_s"],
+                     "throughput": res["samples_per_s"], "tokens_per_s": res.get("tokens_per_s"),
+                     "date": r.get("date"), "source": r.get("_path")})
+    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("speedup", "efficiency")])
+    notes = []
+    if len(df):
+        ref = df.iloc[0]
+        df["speedup"] = df["throughput"] / ref["throughput"]
+        df["efficiency"] = ref["step_s"] / df["step_s"]
+        if ref["world_size"] != 1:
+            notes.append(f"no 1-{ref['unit']} record: efficiency is relative to {ref['world_size']}")
+        if df["unit"].nunique() > 1 or df["device"].nunique() > 1:
+            notes.append("records from different devices are mixed: compare with care")
+    else:
+        df["speedup"], df["efficiency"] = [], []
+    df = df[COLUMNS]
+    df.attrs["notes"] = notes
+    return df
+
+
+def load_stage_records(folder: str | os.PathLike):
+    """The stage table (``stages_frame``) from every scaling record under ``folder``."""
+    from preflight.records import load_records
+
+    return stages_frame(load_records(folder, METHOD))
+
+
+def measured_efficiencies(df) -> dict[int, float]:
+    """``{world_size: efficiency}`` for ``scaling_curve(measured=...)``."""
+    return {int(n): float(e) for n, e in zip(df["world_size"], df["efficiency"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.scaling",
+                                 description="one rank of the DDP weak-scaling measurement (run it "
+                                             "under torchrun or srun), or --stages to launch them")
+    ap.add_argument("--out", required=True, help="results folder (rank 0 writes scaling-n<N>.json)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps after warm-up (default 30, "
+                                                            "15 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="tiny model (tests, smoke runs)")
+    ap.add_argument("--stages", default=None, help="comma-separated N: launch torchrun for each "
+                                                   "(e.g. 1,2) instead of being a worker")
+    args = ap.parse_args(argv)
+    if args.stages:
+        df = run_stages(tuple(int(n) for n in args.stages.split(",")), out=args.out, quick=args.quick,
+                        steps=args.steps)
+        print(df.drop(columns=["source"]).to_string(index=False))
+        for note in df.attrs.get("notes", []):
+            print("note:", note)
+        return 0
+    steps = args.steps if args.steps is not None else (15 if args.quick else 30)
+    rec = worker(args.out, steps=steps, quick=args.quick)
+    if rec is not None:
+        r = rec["results"]
+        print(f"scaling: world_size {r['world_size']}, step {r['step_s'] * 1e3:.1f} ms, "
+              f"{r['samples_per_s']:.1f} samples/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Charts that render offline.
+
+Altair's default renderer loads vega from a CDN: with no network (a cluster login node, an
+air-gapped workshop room, a report opened from disk) the chart shows "Error loading script". Every
+chart here is rendered to SVG through vl-convert (no browser, no network), in notebooks, widgets
+and the report alike. ``use_offline_renderer()`` switches Altair globally; chapters call it first.
+"""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+VERDICT_COLORS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "info": "#546e7a",
+                  "error": "#6a1b9a"}
+
+
+def use_offline_renderer() -> None:
+    alt.renderers.enable("svg")
+    alt.data_transformers.disable_max_rows()
+
+
+def to_svg(chart: alt.TopLevelMixin) -> str:
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_svg(chart.to_dict())
+
+
+def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None) -> alt.LayerChart:
+    """Amdahl speedup, Gustafson scaled speedup and the ideal line over N (log-log), with the
+    Amdahl ceiling ``1 + Tc/Ts`` as a rule and the profile's target N marked."""
+    from preflight.models.scaling import amdahl_ceiling, speedup_table
+
+    ns = sorted({int(round(2 ** (k / 4))) for k in range(0, 4 * max(1, n_max.bit_length()) + 1)
+                 if 2 ** (k / 4) <= n_max} | {n_max})
+    df = speedup_table(ts, tc, ns).melt("N", var_name="model", value_name="speedup")
+    base = alt.Chart(df).mark_line(point=False).encode(
+        x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N"),
+        y=alt.Y("speedup:Q", scale=alt.Scale(type="log", base=2), title="speedup"),
+        color=alt.Color("model:N", title=None),
+        strokeDash=alt.StrokeDash("model:N", legend=None),
+    )
+    layers = [base]
+    ceiling = amdahl_ceiling(ts, tc)
+    if ceiling != float("inf"):
+        layers.append(alt.Chart(pd.DataFrame({"y": [ceiling]})).mark_rule(color="#c62828").encode(y="y:Q"))
+    if n_mark:
+        layers.append(alt.Chart(pd.DataFrame({"x": [n_mark]})).mark_rule(color="#546e7a",
+                                                                          strokeDash=[2, 2]).encode(x="x:Q"))
+    title = f"Amdahl: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
+    return alt.layer(*layers).properties(width=420, height=260, title=title)
+
+
+def scaling_curve_chart(curve: pd.DataFrame, measured: pd.DataFrame | None = None,
+                        stop_rule: float = 0.6) -> alt.LayerChart:
+    """Efficiency per stage (no overlap / overlap bounds), measured points, and the stop rule."""
+    df = curve.melt("gpus", value_vars=["efficiency_no_overlap", "efficiency_overlap"],
+                    var_name="bound", value_name="value")
+    df["bound"] = df["bound"].str.replace("efficiency_", "model, ")
+    layers = [alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("gpus:Q", scale=alt.Scale(type="log", base=2), title="GPUs"),
+        y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1.05]), axis=alt.Axis(format="%"),
+                title="scaling efficiency"),
+        color=alt.Color("bound:N", title=None))]
+    if measured is not None and len(measured):
+        layers.append(alt.Chart(measured).mark_point(size=90, filled=True, color="black").encode(
+            x="gpus:Q", y="efficiency:Q", tooltip=list(measured.columns)))
+    layers.append(alt.Chart(pd.DataFrame({"y": [stop_rule]})).mark_rule(
+        color="#c62828", strokeDash=[4, 3]).encode(y="y:Q"))
+    return alt.layer(*layers).properties(width=420, height=260,
+                                         title=f"Staged scaling curve (stop rule: {stop_rule:.0%})")
+
+
+def share_bar(df: pd.DataFrame, category: str, value: str = "share", title: str = "") -> alt.Chart:
+    """One horizontal stacked bar of shares (step composition, op categories)."""
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X(f"{value}:Q", stack="normalize", axis=alt.Axis(format="%"), title=None),
+        color=alt.Color(f"{category}:N", title=None),
+        tooltip=[category, alt.Tooltip(f"{value}:Q", format=".1%")],
+    ).properties(width=420, height=40, title=title)
+
+
+def bars(df: pd.DataFrame, x: str, y: str, title: str = "", fmt: str = ".3g") -> alt.Chart:
+    """Plain labelled bars (e.g. eager vs compiled step time)."""
+    base = alt.Chart(df).encode(y=alt.Y(f"{y}:N", title=None, sort=None), x=alt.X(f"{x}:Q"))
+    return (base.mark_bar() + base.mark_text(align="left", dx=3).encode(
+        text=alt.Text(f"{x}:Q", format=fmt))).properties(width=380, height=30 * max(2, len(df)), title=title)

@@ -1,0 +1,156 @@
+"""The audit end to end through papermill: plan-only, measure mode (quick sizes), a failing chapter,
+recorded results, escaping, and the offline check of every HTML page."""
+import json
+import shutil
+
+import nbformat
+import pytest
+import yaml
+
+from conftest import EXAMPLE, REPO, run_cli
+from preflight.report import external_refs
+
+CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
+           "baseline/fusion_speedup", "baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
+           "baseline/scaling_efficiency_at_target"}
+
+
+def _summary(out):
+    return json.loads((out / "findings.json").read_text())
+
+
+def _by_id(summary):
+    return {f["id"]: f for f in summary["findings"]}
+
+
+def _assert_offline(out):
+    pages = list(out.glob("*.html"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert external_refs(text) == [], (page.name, external_refs(text)[:5])
+        assert "<script" not in text.lower(), page.name
+
+
+def test_external_refs_detector():
+    assert external_refs('<script src="https://cdn.x/vega.js"></script>') == ["https://cdn.x/vega.js"]
+    assert external_refs("<link href='//cdn.x/a.css'>") == ["//cdn.x/a.css"]
+    assert external_refs("<style>a{background:url(https://x/y.png)}</style>") == ["https://x/y.png"]
+    assert external_refs('<a href="https://arxiv.org/abs/2104.04473">paper</a>') == []
+    assert external_refs('<img src="data:image/png;base64,AAA">') == []
+
+
+def test_plan_only_audit(tmp_path):
+    out = tmp_path / "report"
+    r = run_cli("audit", EXAMPLE, "--out", out, "--plan-only")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"report: {out / 'index.html'}" in r.stdout
+    s = _summary(out)
+    assert s["mode"] == "plan-only" and s["project"] == "llm-7b-pretrain"
+    assert s["elapsed_s"] < 60, "plan-only must stay fast (target 30 s)"
+    f = _by_id(s)
+    assert CH1_IDS <= set(f)
+    for x in f.values():
+        assert {"id", "value", "unit", "verdict", "threshold", "message", "fix", "source"} <= set(x)
+    # the field report's numbers: ceiling (0.09 + 0.8) / 0.09 = 9.9x, far under 1024 GPUs
+    assert f["baseline/amdahl_max_speedup"]["value"] == pytest.approx(0.89 / 0.09)
+    assert f["baseline/amdahl_max_speedup"]["verdict"] == "fail"
+    assert f["baseline/amdahl_speedup_at_target"]["value"] == pytest.approx(0.89 / (0.09 + 0.8 / 1024))
+    eff = f["baseline/scaling_efficiency_at_target"]
+    assert eff["value"] < 0.30 and eff["verdict"] == "fail" and eff["source"] == "computed from profile"
+    # measured findings are present but not measured in plan-only mode
+    assert f["baseline/mfu"]["value"] is None and f["baseline/mfu"]["verdict"] == "info"
+    assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
+    index = (out / "index.html").read_text()
+    assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
+    assert (out / "01_baseline.html").exists() and (out / "notebooks" / "01_baseline.ipynb").exists()
+    _assert_offline(out)
+
+
+def test_fail_on_sets_exit_code(tmp_path):
+    r = run_cli("audit", EXAMPLE, "--out", tmp_path / "o", "--plan-only", "--fail-on", "fail")
+    assert r.returncode == 1   # the example plan fails the Amdahl and efficiency checks
+
+
+@pytest.mark.slow
+def test_measure_mode_audit_quick(tmp_path):
+    out = tmp_path / "report"
+    r = run_cli("audit", EXAMPLE, "--out", out, "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = _summary(out)
+    assert s["mode"] == "measure"
+    f = _by_id(s)
+    assert CH1_IDS <= set(f)
+    for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup"):
+        assert f[fid]["value"] is not None and f[fid]["value"] > 0, fid
+        assert f[fid]["source"].startswith("measured on"), f[fid]["source"]
+    assert "CPU fallback" in f["baseline/throughput"]["source"]
+    assert 0 < f["baseline/memory_bound_share"]["value"] < 1
+    # on a CPU the datasheet peak is unknown: MFU is left empty, not guessed
+    assert f["baseline/mfu"]["value"] is None and "unknown peak" in f["baseline/mfu"]["message"]
+    recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
+    assert {"ceilings", "baseline", "fusion"} <= recs
+    _assert_offline(out)
+
+
+def _write_profile(tmp_path, **changes):
+    d = yaml.safe_load(EXAMPLE.read_text())
+    for path, value in changes.items():
+        node = d
+        *parents, last = path.split("__")
+        for k in parents:
+            node = node[k]
+        node[last] = value
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_profile_strings_are_escaped(tmp_path):
+    prof = _write_profile(tmp_path, notes="<script>alert('x')</script> & <b>bold</b>", project="esc_test")
+    out = tmp_path / "o"
+    r = run_cli("audit", prof, "--out", out, "--plan-only")
+    assert r.returncode == 0, r.stderr
+    index = (out / "index.html").read_text()
+    assert "<script>alert" not in index and "&lt;script&gt;alert" in index
+
+
+def test_recorded_scaling_points_are_used(tmp_path):
+    from preflight.records import make_record, save_record
+
+    prof = _write_profile(tmp_path, cluster__nodes=8)           # 64 GPUs
+    res = tmp_path / "results"
+    dev = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "label": "NVIDIA H100 80GB HBM3 (GPU)"}
+    for n, eff in ((8, 0.95), (64, 0.71)):
+        save_record(make_record("scaling", 1, {"world_size": n}, {"world_size": n, "efficiency": eff},
+                                device=dev), res, name=f"{n}")
+    out = tmp_path / "o"
+    r = run_cli("audit", prof, "--out", out, "--plan-only", "--results", res)
+    assert r.returncode == 0, r.stderr
+    f = _by_id(_summary(out))["baseline/scaling_efficiency_at_target"]
+    assert f["value"] == pytest.approx(0.71) and f["verdict"] == "warn"
+    assert "measured" in f["source"]
+
+
+def test_failing_chapter_still_yields_the_rest(tmp_path):
+    book = tmp_path / "playbook"
+    book.mkdir()
+    shutil.copy(REPO / "playbook" / "01_baseline.ipynb", book)
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell("profile_path = findings_path = results_dir = out_dir = ''\n"
+                                  "plan_only = quick = interactive = False")
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Broken chapter"), p,
+                nbformat.v4.new_code_cell("raise RuntimeError('deliberate failure for the test')")]
+    nbformat.write(nb, book / "02_broken.ipynb")
+    out = tmp_path / "o"
+    r = run_cli("audit", EXAMPLE, "--out", out, "--plan-only", "--playbook", book)
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = _summary(out)
+    st = {c["number"]: c for c in s["chapters"]}
+    assert st[1]["status"] == "ok" and st[2]["status"] == "error"
+    assert "deliberate failure" in st[2]["error"]
+    assert any(f["id"] == "broken/error" and f["verdict"] == "error" for f in s["findings"])
+    assert CH1_IDS <= {f["id"] for f in s["findings"]}
+    index = (out / "index.html").read_text()
+    assert "deliberate failure" in index and "Broken chapter" in index

@@ -1,0 +1,90 @@
+"""Findings contract, records, timing correctness."""
+import json
+import time
+
+import pytest
+
+from preflight import records
+from preflight.findings import Finding, FindingSink, judge, read_findings, worst
+from preflight.timing import StepTimer, summarize, time_fn
+
+
+def test_judge_both_directions():
+    assert judge(0.5, warn=0.4, fail=0.3)[0] == "pass"
+    assert judge(0.35, warn=0.4, fail=0.3)[0] == "warn"
+    assert judge(0.2, warn=0.4, fail=0.3)[0] == "fail"
+    assert judge(None, warn=0.4, fail=0.3)[0] == "info"
+    v, words = judge(0.5, warn=0.25, fail=0.4, higher_is_better=False)
+    assert v == "fail" and words == "pass <= 0.25, fail > 0.4"
+    assert judge(0.3, warn=0.25, fail=0.4, higher_is_better=False)[0] == "warn"
+    assert worst(["pass", "fail", "warn"]) == "fail" and worst([]) == "info"
+
+
+def test_finding_contract():
+    with pytest.raises(ValueError, match="namespaced"):
+        Finding(id="mfu", value=1, unit="", verdict="pass", threshold="", message="", fix="", source="")
+    with pytest.raises(ValueError, match="verdict"):
+        Finding(id="a/b", value=1, unit="", verdict="great", threshold="", message="", fix="", source="")
+    assert Finding(id="a/b", value=float("nan"), unit="", verdict="info", threshold="", message="",
+                   fix="", source="").value is None
+
+
+def test_sink_rewrites_file_and_replaces_ids(tmp_path):
+    path = tmp_path / "f.json"
+    sink = FindingSink(path, "baseline")
+    kw = dict(unit="x", verdict="pass", threshold="t", message="m", fix="f", source="s")
+    sink.add(id="baseline/a", value=1, **kw)
+    sink.add(id="baseline/b", value=2, **kw)
+    sink.add(id="baseline/a", value=3, **kw)
+    got = read_findings(path)
+    assert [(f.id, f.value) for f in got] == [("baseline/b", 2.0), ("baseline/a", 3.0)]
+    assert json.loads(path.read_text())["chapter"] == "baseline"
+
+
+def test_record_round_trip(tmp_path):
+    dev = {"kind": "cpu", "name": "test-cpu", "label": "test-cpu (CPU fallback)"}
+    rec = records.make_record("ceilings", 1, {"n": 64}, {"tflops": 0.1}, device=dev)
+    assert {"method", "method_version", "date", "device", "versions", "params", "results"} <= set(rec)
+    assert rec["versions"]["python"] and rec["versions"]["torch"]
+    p = records.save_record(rec, tmp_path / "r", name="rank0")
+    assert p.name == "ceilings-rank0.json"
+    (tmp_path / "r" / "junk.json").write_text("{not json")
+    loaded = records.load_records(tmp_path / "r", "ceilings")
+    assert len(loaded) == 1 and loaded[0]["results"]["tflops"] == 0.1
+    assert records.load_records(tmp_path / "r", "other") == []
+    df = records.records_frame(loaded)
+    assert df.loc[0, "tflops"] == 0.1 and df.loc[0, "param.n"] == 64
+
+
+def test_time_fn_measures_known_durations():
+    t = time_fn(lambda: time.sleep(0.02), warmup=1, repeats=5)
+    assert 0.019 < t.median_s < 0.035
+    assert t.p10_s <= t.median_s <= t.p90_s and t.repeats == 5
+    calls = []
+    time_fn(lambda: calls.append(1), warmup=3, repeats=4)
+    assert len(calls) == 7          # warm-up calls are made but not timed
+    t = time_fn(lambda: time.sleep(0.005), warmup=0, repeats=2, min_time_s=0.05)
+    assert t.repeats >= 9           # kept sampling until min_time_s was covered
+
+
+def test_summarize_median_resists_outlier():
+    t = summarize([0.01] * 9 + [1.0])
+    assert t.median_s == pytest.approx(0.01)
+
+
+def test_step_timer_phases_and_other():
+    timer = StepTimer("cpu")
+    for _ in range(3):
+        with timer.phase("data_wait"):
+            time.sleep(0.01)
+        with timer.phase("forward"):
+            time.sleep(0.02)
+        time.sleep(0.015)          # not inside a phase: lands in 'other'
+        timer.end_step()
+    df = timer.frame(skip=1)
+    assert len(df) == 2
+    assert df["forward"].median() == pytest.approx(0.02, abs=0.008)
+    assert df["other"].median() == pytest.approx(0.015, abs=0.008)
+    comp = timer.composition()
+    assert comp["share"].sum() == pytest.approx(1.0)
+    assert set(comp["phase"]) == {"data_wait", "forward", "other"}

@@ -1,0 +1,58 @@
+"""Write a chapter notebook from a compact cell list (md/code strings), outputs empty.
+
+Kept so notebooks are reviewed as Python: edit tools/notebooks/NN_name.py, run
+``python tools/nbgen.py``. Cells are separated by lines ``# %% [markdown]`` / ``# %%`` (jupytext's
+percent format); a code cell whose first line is ``# parameters`` is tagged for papermill.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cells_from_percent(text: str):
+    cells, kind, buf = [], None, []
+
+    def flush():
+        if kind is None:
+            return
+        src = "\n".join(buf).strip("\n")
+        if kind == "markdown":
+            src = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in src.splitlines())
+            cells.append(nbformat.v4.new_markdown_cell(src))
+        else:
+            cell = nbformat.v4.new_code_cell(src)
+            if src.startswith("# parameters"):
+                cell.metadata["tags"] = ["parameters"]
+            cells.append(cell)
+
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            flush()
+            kind, buf = ("markdown" if "[markdown]" in line else "code"), []
+        else:
+            buf.append(line)
+    flush()
+    return cells
+
+
+def build(src: Path, dst: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
+    nb.cells = cells_from_percent(src.read_text())
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"{dst.stem[:2]}-{i:03d}"
+    nbformat.validate(nb)
+    dst.write_text(nbformat.writes(nb) + "\n")
+
+
+if __name__ == "__main__":
+    srcs = [Path(a) for a in sys.argv[1:]] or sorted((REPO / "tools" / "notebooks").glob("*.py"))
+    for s in srcs:
+        build(s, REPO / "playbook" / (s.stem + ".ipynb"))
+        print("wrote", s.stem + ".ipynb")

@@ -1,0 +1,219 @@
+# %% [markdown]
+# # Chapter 1: Baseline before scale
+#
+# **Pitfall:** scaling out before one device is understood. If one GPU runs at 30 % of its FLOP rate
+# because GELU and LayerNorm (memory-bound) eat half the step, 512 GPUs run at 30 % too, plus
+# communication. This chapter measures the *price list* of one device first, then asks what the
+# serial part and the gradient traffic of **your** plan do to scaling.
+#
+# What it measures, live, on this machine's accelerator (or the CPU, labelled as such):
+#
+# 1. the ceilings of the machine: matmul rate, memory copy, host-to-device copy;
+# 2. one training step of a reference Transformer on three layers at once: hardware (NVML),
+#    framework (torch.profiler op categories), business (tokens/s); the step-time composition;
+#    peak memory; FLOPs and MFU;
+# 3. the memory-bound share, and the fix measured (torch.compile fuses those ops);
+# 4. Amdahl and Gustafson with sliders, the serial share taken from the measurement;
+# 5. staged data-parallel scaling measured with DDP (1 -> 2 processes here), extrapolated to your
+#    8 / 64 / 512 / target GPUs, with the stop rule.
+#
+# **Time:** about 1-2 minutes on a 2-core CPU (the first torch.compile is most of it), under a
+# minute on a GPU. With `plan_only = True` only the formulas run (seconds).
+
+# %%
+# parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
+profile_path = "../data/profiles/example.yaml"
+findings_path = ""      # where the audit collects findings; empty: keep them in memory
+plan_only = False       # True: formulas on the profile only, no live measurement
+results_dir = ""        # folder of recorded measurements (e.g. from your cluster) to use instead
+out_dir = ""            # the audit's output folder (records, charts)
+quick = False           # smallest sizes (smoke test)
+interactive = True      # show the sliders (the headless audit turns them off)
+
+# %%
+import pandas as pd
+
+from preflight.chapter import start
+from preflight.chapters import baseline as B
+from preflight import charts, hardware
+from preflight.models import scaling
+
+ch = start("baseline", profile_path, findings_path or None, plan_only, results_dir or None, out_dir or None,
+           quick=quick, interactive=interactive)
+prof = ch.profile
+print(f"project {prof.project}: {prof.model.params / 1e9:g}B params, {prof.gpus} GPUs "
+      f"({prof.cluster.nodes} nodes x {prof.cluster.gpus_per_node} {prof.cluster.gpu}), dp = {prof.dp}")
+print("live measurement:", "on " + ch.device.label if ch.measure else "off (plan-only)")
+
+# %% [markdown]
+# ## 1. The ceilings of this machine
+#
+# A datasheet peak is what the chip could do; a **measured** ceiling is what this chip, driver and
+# library deliver. Both are shown: MFU against the datasheet is the comparable number, MFU against the
+# measured matmul rate tells how far the model is from what is reachable. Timings: warm-up, then the
+# median of repeats, synchronised (CUDA events on a GPU).
+
+# %%
+from preflight.bench import ceilings
+
+ceil = ch.measurement("ceilings", lambda: ceilings.measure(ch.torch_device, quick=ch.quick))
+if ceil:
+    r = ceil.results
+    rows = [("matmul", f"{r['matmul']['tflops']:.3g} TFLOP/s ({r['matmul']['dtype']}, n={r['matmul']['n']})"),
+            ("memory copy", f"{r['memcopy']['GBps']:.3g} GB/s"),
+            ("host-to-device", (f"pageable {r['h2d']['pageable_GBps']:.3g} GB/s, pinned {r['h2d']['pinned_GBps']:.3g} GB/s"
+                                if r["h2d"].get("available", True) else r["h2d"]["reason"]))]
+    ch.table(pd.DataFrame(rows, columns=["ceiling", ceil.source]))
+chip = hardware.lookup(ch.gpu_key)
+print("datasheet of the profile's GPU:", chip.as_dict() if chip else f"{ch.gpu_key}: unknown (MFU left empty)")
+
+# %% [markdown]
+# ## 2. One training step, on three layers at once
+#
+# Any one layer alone misleads: GPU utilisation can read 100 % while the device busy-waits on the data
+# loader; high occupancy can hide memory-bound kernels. So the reference step is seen as
+#
+# - **hardware**: NVML samples during the timed steps (GPU util, memory util, SM clock, power);
+# - **framework**: torch.profiler self time per op, grouped into matmul / attention / memory-bound /
+#   communication / data / optimizer / other;
+# - **business**: samples and tokens per second.
+#
+# The step timer below (`preflight.timing.StepTimer`) is the one you can drop into your own loop: it
+# splits each step into data wait / forward / backward / optimizer / other.
+
+# %%
+from preflight.bench import baseline as bench_baseline
+
+base = ch.measurement("baseline", lambda: bench_baseline.measure_baseline(ch.torch_device, quick=ch.quick))
+if base:
+    r = base.results
+    print(base.source)
+    ch.table(bench_baseline.composition_frame(r))
+    ch.show("step_composition", charts.share_bar(bench_baseline.composition_frame(r), "phase",
+                                                 title="Step-time composition (median step)"))
+    if r["categories"]:
+        ch.show("op_categories", charts.share_bar(bench_baseline.categories_frame(r), "category",
+                                                  title="Op categories (profiler self time)"))
+    nv = r["nvml"]
+    print("NVML:", nv if nv.get("available") else f"not available ({nv.get('reason')})")
+else:
+    print("not measured (plan-only)")
+
+# %% [markdown]
+# ## 3. FLOPs and MFU
+#
+# A Transformer training step costs about **6N + 12·L·h·s FLOPs per token** (N parameters without
+# embeddings, L layers, h hidden size, s sequence length). `torch.utils.flop_counter` counts the real
+# matmul FLOPs of one step; the two should agree closely. MFU = achieved model FLOP/s / peak FLOP/s.
+# When the chip is not in the hardware table (a CPU, say) the datasheet MFU is **left empty** rather
+# than guessed.
+
+# %%
+if base:
+    f, m = base.results["flops"], base.results["mfu"]
+    ch.table(pd.DataFrame([
+        {"quantity": "FLOPs per step, counted (FlopCounterMode)", "value": f"{f['counted_per_step']:.4g}"},
+        {"quantity": "FLOPs per step, 6N + 12Lhs", "value": f"{f['formula_per_step']:.4g}"},
+        {"quantity": "counted / formula", "value": f"{f['ratio_counted_to_formula']:.3f}"},
+        {"quantity": "achieved TFLOP/s", "value": f"{m['achieved_tflops']:.4g}"},
+        {"quantity": "MFU vs datasheet", "value": f"{m['mfu_datasheet']:.1%}" if m["mfu_datasheet"] is not None else m["peak_note"]},
+        {"quantity": "MFU vs measured matmul ceiling", "value": f"{m['mfu_measured_ceiling']:.1%}"},
+    ]))
+
+# %% [markdown]
+# ## 4. The memory-bound share, and the fix measured
+#
+# Elementwise ops, norms and activations move far more bytes than they compute: their speed is set by
+# memory bandwidth, not FLOPs. On GPUs they often take a large share of the step (the field case:
+# ~45 % in GELU and LayerNorm on a model planned for 512 GPUs). Adding GPUs does not shrink that share,
+# it adds communication on top. The fix is **fusion**: `torch.compile` generates one kernel for a chain
+# of elementwise ops, reading and writing memory once. Measured here on a Linear-GELU-add-LayerNorm
+# block, eager vs compiled.
+
+# %%
+from preflight.bench import fusion as bench_fusion
+
+fus = ch.measurement("fusion", lambda: bench_fusion.measure_fusion(ch.torch_device, quick=ch.quick))
+if fus and fus.results.get("available"):
+    fr = fus.results
+    ch.show("fusion", charts.bars(pd.DataFrame({
+        "version": ["eager", "torch.compile"],
+        "ms per fwd+bwd": [fr["eager_fwd_bwd_s"] * 1e3, fr["compiled_fwd_bwd_s"] * 1e3]}),
+        "ms per fwd+bwd", "version", title=f"Fusion: {fr['speedup_fwd_bwd']:.2f}x faster ({fus.source})"))
+    ch.table(bench_fusion.categories_frame(fr))
+    for note in fr.get("notes", []):
+        print("note:", note)
+elif fus:
+    print("torch.compile not available here:", fus.results.get("reason"))
+B.add_measured_findings(ch.findings, base, fus, gpu_memory_GB=ch.device.memory_GB if ch.device.is_gpu else None)
+
+# %% [markdown]
+# ## 5. Amdahl: the serial part sets the ceiling
+#
+# Step time T = Ts (serial: data waits, synchronisation points, evaluation barriers, logging) + Tc
+# (parallelisable compute). With N workers and a fixed workload, **S(N) = (Ts + Tc) / (Ts + Tc/N)**, and
+# S can never exceed **1 + Tc/Ts**: 10 % serial caps the speedup at 10x, 5 % at 20x, however many GPUs.
+# Gustafson (work grows with N, as with a fixed per-GPU batch): S = N - s(N - 1).
+#
+# Field case: a team tuned communication for weeks to lift efficiency from 60 % to 75 %; the real serial
+# point was a full validation pass at each epoch end (8 % of the time). Find the serial points first.
+#
+# The profile's numbers are audited below; the sliders start from this machine's measured step
+# (forward + backward parallel; data wait, optimizer step and the rest serial) when there is one.
+
+# %%
+ts, tc = B.serial_parallel(prof)
+ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus))
+curve_measured = None
+if ch.results_dir:
+    from preflight.bench import scaling as bench_scaling
+    recorded = bench_scaling.load_stage_records(ch.results_dir)
+    curve_measured = bench_scaling.measured_efficiencies(recorded) if len(recorded) else None
+curve = B.plan_curve(prof, curve_measured)
+B.add_plan_findings(ch.findings, prof, curve)
+if base:
+    ts_m, tc_m = B.measured_serial_parallel(base.results["composition"])
+    print(f"measured here: serial {ts_m * 1e3:.1f} ms, parallel {tc_m * 1e3:.1f} ms per step "
+          f"(serial share {scaling.serial_fraction(ts_m, tc_m):.1%}, ceiling {scaling.amdahl_ceiling(ts_m, tc_m):.3g}x)")
+else:
+    ts_m, tc_m = ts, tc
+
+# %%
+if interactive:
+    from preflight.widgets import amdahl_explorer
+    from IPython.display import display
+    display(amdahl_explorer(ts_m, tc_m, prof.gpus))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
+# ## 6. Scale in stages: 1 -> 8 -> 64 -> 512 -> target
+#
+# Record throughput and efficiency at each stage and draw the curve. Inside a node GPUs talk over
+# NVLink; across nodes over InfiniBand or Ethernet, one to two orders of magnitude slower. If 8 GPUs
+# give 95 % and 64 give 80 %, 512 will likely fall under 60 %: **stop** and fix communication and serial
+# overhead first. Keep the per-GPU batch fixed (scale the data with the GPUs), or start-up and per-epoch
+# overheads make the measured curve look artificially bad.
+#
+# Measured here: the reference model under real DistributedDataParallel, launched by torchrun (gloo on
+# a CPU, NCCL on GPUs). On a 2-core CPU only 1 and 2 processes give meaningful timings. On your cluster,
+# `slurm/scaling_stages.sbatch` records the same measurement at 8, 64 and 512 GPUs, and
+# `--results DIR` puts those points on the curve in place of the model.
+
+# %%
+stages = None
+if ch.measure and not ch.results_dir:
+    from preflight.bench import scaling as bench_scaling
+    import os
+    stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
+    stages = bench_scaling.run_stages(out=stage_dir, quick=ch.quick)
+    ch.table(stages)
+B.add_measured_scaling(ch.findings, stages, f"measured on {ch.device.label}", judged=ch.device.is_gpu)
+ch.table(curve)
+ch.show("scaling_curve", charts.scaling_curve_chart(curve))
+
+# %% [markdown]
+# ## Findings of this chapter
+
+# %%
+ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
