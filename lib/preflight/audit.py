@@ -122,7 +122,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
         t0 = time.perf_counter()
         try:
             pm.execute_notebook(
-                str(nb_path), str(out_dir / run.notebook), kernel_name=kernel,
+                str(nb_path), str(out_dir / run.notebook), kernel_name=kernel, language="python",
                 parameters={"profile_path": str(profile_path), "findings_path": str(findings_path),
                             "plan_only": plan_only, "results_dir": str(results_dir) if results_dir else "",
                             "out_dir": str(out_dir), "quick": quick, "interactive": False},

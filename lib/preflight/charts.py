@@ -37,7 +37,6 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
         x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N"),
         y=alt.Y("speedup:Q", scale=alt.Scale(type="log", base=2), title="speedup"),
         color=alt.Color("model:N", title=None),
-        strokeDash=alt.StrokeDash("model:N", legend=None),
     )
     layers = [base]
     ceiling = amdahl_ceiling(ts, tc)

@@ -96,6 +96,7 @@ def records_frame(records: list[dict]):
         row = {"method": r["method"], "method_version": r["method_version"], "date": r["date"],
                "device": r.get("device", {}).get("name")}
         row.update({f"param.{k}": v for k, v in r.get("params", {}).items()})
-        row.update({k: v for k, v in r.get("results", {}).items() if not isinstance(v, (list, dict))})
+        row.update({k: v for k, v in r.get("results", {}).items()
+                    if not isinstance(v, (list, dict)) and k not in row})
         rows.append(row)
     return pd.DataFrame(rows)

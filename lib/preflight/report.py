@@ -45,7 +45,7 @@ def fmt_value(value, unit: str) -> str:
     if unit == "x":
         return f"{value:.3g}x"
     if unit == "bytes":
-        return f"{value / 2**30:.3g} GiB"
+        return f"{value / 1e9:.3g} GB"
     return f"{value:.4g} {unit}".strip()
 
 
@@ -83,6 +83,11 @@ def chapter_charts(out_dir: Path, chapter: str) -> str:
     return f"<div class='charts'>{''.join(figs)}</div>" if figs else ""
 
 
+def _title(c: dict) -> str:
+    t = c["title"]
+    return t if t.lower().startswith("chapter") else f"{c['number']}. {t}"
+
+
 def index_html(summary: dict, out_dir: Path) -> str:
     m, ver = summary["machine"], summary["versions"]
     by_ch = {c["number"]: [f for f in summary["findings"] if f["chapter"] == c["number"]]
@@ -92,7 +97,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
         d = deciding(by_ch[c["number"]])
         page_name = Path(c["notebook"]).stem + ".html"
         rows.append(
-            f"<tr><td><a href='{esc(page_name)}'>{c['number']}. {esc(c['title'])}</a></td>"
+            f"<tr><td><a href='{esc(page_name)}'>{esc(_title(c))}</a></td>"
             f"<td>{verdict_badge(c['verdict'] if c['status'] == 'ok' else 'error')}</td>"
             f"<td><code>{esc(d['id']) if d else ''}</code></td>"
             f"<td class='num'>{esc(fmt_value(d['value'], d['unit'])) if d else ''}</td>"
@@ -102,7 +107,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
         stem = Path(c["notebook"]).stem
         err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""
         sections.append(
-            f"<section id='ch{c['number']}'><h2>{c['number']}. {esc(c['title'])} "
+            f"<section id='ch{c['number']}'><h2>{esc(_title(c))} "
             f"{verdict_badge(c['verdict'] if c['status'] == 'ok' else 'error')}</h2>"
             f"<p class='meta'>{esc(c['status'])} in {c['elapsed_s']:.1f} s · "
             f"<a href='{esc(stem)}.html'>chapter page</a> · "
@@ -114,7 +119,8 @@ def index_html(summary: dict, out_dir: Path) -> str:
         f"<p>{esc(summary.get('notes'))}</p>"
         f"<p class='meta'>Machine: <b>{esc(m.get('label'))}</b> ({esc(m.get('count'))} "
         f"{'devices' if m.get('kind') == 'cuda' else 'cores'}, "
-        f"{esc(round(m['memory_GB'], 1) if m.get('memory_GB') else '?')} GB each) · date {esc(summary['date'])} · "
+        f"{esc(round(m['memory_GB'], 1) if m.get('memory_GB') else '?')} GB "
+        f"{'each' if m.get('kind') == 'cuda' else 'host memory'}) · date {esc(summary['date'])} · "
         f"mode <b>{esc(summary['mode'])}</b> · {esc(summary['elapsed_s'])} s<br>Versions: {vers}<br>"
         f"Profile: <code>{esc(summary['profile_path'])}</code>"
         + (f" · recorded results: <code>{esc(summary['results_dir'])}</code>" if summary.get("results_dir") else "")

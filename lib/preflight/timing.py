@@ -53,6 +53,15 @@ def time_fn(fn, *, device="cpu", warmup: int = 2, repeats: int = 5, min_time_s: 
     import torch
 
     dev = torch.device(device)
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):    # events record on the current device's stream
+            return _time_fn(fn, dev, warmup, repeats, min_time_s)
+    return _time_fn(fn, dev, warmup, repeats, min_time_s)
+
+
+def _time_fn(fn, dev, warmup: int, repeats: int, min_time_s: float) -> Timing:
+    import torch
+
     for _ in range(warmup):
         fn()
     synchronize(dev)

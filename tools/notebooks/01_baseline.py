@@ -64,8 +64,11 @@ if ceil:
             ("host-to-device", (f"pageable {r['h2d']['pageable_GBps']:.3g} GB/s, pinned {r['h2d']['pinned_GBps']:.3g} GB/s"
                                 if r["h2d"].get("available", True) else r["h2d"]["reason"]))]
     ch.table(pd.DataFrame(rows, columns=["ceiling", ceil.source]))
-chip = hardware.lookup(ch.gpu_key)
-print("datasheet of the profile's GPU:", chip.as_dict() if chip else f"{ch.gpu_key}: unknown (MFU left empty)")
+if ch.gpu_key in hardware.CHIPS:
+    print("Datasheet of the profile's GPU (dense TFLOP/s, GB/s, GB):")
+    ch.table(hardware.table().loc[[ch.gpu_key]].reset_index())
+else:
+    print(f"GPU {ch.gpu_key or '(this machine)'} is not in the hardware table: MFU against a datasheet is left empty.")
 
 # %% [markdown]
 # ## 2. One training step, on three layers at once

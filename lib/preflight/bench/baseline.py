@@ -77,7 +77,7 @@ _MEMORY_BOUND = {
     "minimum", "fill", "zero", "copy", "to_copy", "to", "clone", "contiguous", "cat", "stack",
     "index_select", "gather", "scatter", "scatter_add", "index", "index_put", "embedding",
     "embedding_dense", "sum", "mean", "amax", "max", "min", "var", "std", "cumsum", "tril", "triu",
-    "ones_like", "zeros_like", "fill_", "unsafe_split", "split_with_sizes_copy",
+    "ones_like", "zeros_like", "unsafe_split", "split_with_sizes_copy",
 }
 
 
@@ -218,7 +218,8 @@ def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
     """Bytes held by the training state and by the activations autograd saves for backward.
 
     Activations: every tensor the forward saves (``saved_tensors_hooks``), counted once per
-    storage, parameters excluded. This is a lower bound of the peak: transient buffers, gradients
+    storage, parameters excluded (under bf16 autocast the bf16 copies of the weights are saved
+    tensors too, and are counted). This is a lower bound of the peak: transient buffers, gradients
     of activations in flight and allocator overhead are not in it."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}

@@ -163,7 +163,8 @@ def h2d_bandwidth(device, mbytes: float | None = None) -> dict:
 
 
 def measure(device=None, quick: bool = False) -> dict:
-    """All three ceilings. ``quick`` uses smaller sizes (seconds, for tests and smoke runs)."""
+    """All three ceilings: keys device, device_name, quick, matmul, memcopy, h2d (the dicts of
+    the three functions above). ``quick`` uses smaller sizes (seconds, for tests and smoke runs)."""
     dev = torch.device(device) if device is not None else default_device()
     gpu = dev.type == "cuda"
     if quick:

@@ -15,28 +15,32 @@ This module measures it on a block built to show the effect::
 - time eager vs compiled, forward+backward and forward-only (``preflight.timing.time_fn``: warm-up,
   synchronised, median of repeats), and the speedup;
 - the *memory-bound share*: a ``torch.profiler`` run of each version, operator self-times grouped
-  by category with ``preflight.bench.baseline.categorize``, before and after fusion.
+  by category with the shared categoriser (``preflight.bench.baseline``), before and after fusion.
 
 How compiled code shows up in a profile (and how it is counted here, ``op_category``):
 
-- generated kernels are named ``triton_poi_fused_add_gelu_0`` / ``triton_red_fused_..._layer_norm``
-  (GPU) or ``cpp_fused_...`` (CPU). They are fused elementwise/reduction chains: **memory_bound**,
-  unless the kernel is a matmul template (``triton_tem_fused_mm...``, a name with ``mm``/``addmm``/
-  ``bmm``/``conv``): **matmul**. Large matmuls usually stay library calls (``aten::mm``), which the
+- Inductor names its kernels ``triton_<kind>_fused_<origin ops>_<n>`` on a GPU and
+  ``cpp_fused_<origin ops>_<n>`` on a CPU. ``poi`` (pointwise), ``red`` and ``per`` (reductions) kernels
+  are fused elementwise/normalisation chains: **memory_bound**. ``tem`` kernels are templates, a matmul
+  or convolution written in Triton: **matmul**. The origin ops in the name say where the work came
+  from, not what it is: ``triton_poi_fused_addmm_gelu_0`` is the bias-add + GELU after a library
+  matmul, pointwise work. Large matmuls usually stay library calls (``aten::mm``, cuBLAS), which the
   shared categoriser already counts as matmul.
-- on CPU the C++ kernels run inline inside ``## Call CompiledFxGraph <hash>``: that event's *self*
+- on a CPU the C++ kernels run inline inside ``## Call CompiledFxGraph <hash>``: that event's *self*
   time is the fused kernels (the matmuls inside it are child ``aten::mm`` events), so it counts as
   **memory_bound** too.
 - ``Torch-Compiled Region``, ``CompiledFunction``, ``CompiledFunctionBackward``, ``TorchDynamo Cache
   Lookup``... are containers around the graph. Self times are used (never totals), so only their own
-  host overhead is attributed, and that is **other**, not kernel work.
+  host overhead is attributed to them, and that is **other**, not kernel work.
 
-On a CPU the matmuls are relatively slow, so the memory-bound share is smaller than on a GPU and the
-speedup of fusion is modest (field notes: 1.1-1.25x forward+backward on 2 cores); on an H100/H200
-the eager share is large and the speedup with it. The first compile takes seconds (~16 s cold on 2
-cores, ~4 s with a warm cache; ``TORCHINDUCTOR_CACHE_DIR`` moves the cache). When compilation is not
-possible (no C++ compiler, no Triton, unsupported platform) the result says ``available: False`` and
-why, with the eager figures still measured.
+What to expect. On a GPU the eager elementwise kernels stream from HBM and the share is large, so is
+the gain. On a CPU it is different, and worth seeing: activations of this size sit in a large
+last-level cache, the eager GELU and LayerNorm are vectorised library kernels whose cost is the
+arithmetic (``erf``), and Inductor's generated code for them is not faster; measured on a 2-core
+Xeon, forward+backward gained 0-10 % and forward-only could lose. The first compile takes seconds
+(~15 s cold on 2 cores, ~2-4 s with a warm cache; ``TORCHINDUCTOR_CACHE_DIR`` moves the cache).
+When compilation is not possible (no C++ compiler, no Triton, unsupported platform) the result says
+``available: False`` and why, with the eager figures still measured.
 
 CLI: ``python -m preflight.bench.fusion --out DIR [--quick]`` writes one record (method "fusion").
 """
@@ -108,66 +112,58 @@ def make_stack(cfg: FusionConfig, device) -> nn.Sequential:
 
 # --- categories -------------------------------------------------------------------------------------
 
-_COMPILED_KERNEL = re.compile(r"^(triton_|cpp_fused|## call compiledfxgraph)|fused_", re.IGNORECASE)
-_MATMUL_KERNEL = re.compile(r"triton_tem_|(^|_)(mm|addmm|bmm|baddbmm|conv|convolution)(_|\d|$)",
-                            re.IGNORECASE)
-_COMPILE_WRAPPERS = ("Torch-Compiled Region", "CompiledFunction", "TorchDynamo Cache Lookup",
-                     "AOTDispatcher", "Pregraph bytecode", "## Call CompiledFxGraph")
+# Inductor names its kernels triton_<kind>_fused_<origin ops>_<n> (GPU) and cpp_fused_<origin ops>_<n>
+# (CPU). <kind> is poi (pointwise), red / per (reductions), tem (a template: a matmul or convolution
+# written in Triton). The origin ops are where the work came from, not what it is:
+# "triton_poi_fused_addmm_gelu_0" is the bias add + GELU epilogue of a library matmul, pointwise work.
+_GENERATED = re.compile(r"^(triton_|cpp_fused|## call compiledfxgraph)", re.IGNORECASE)
+_TEMPLATE = re.compile(r"^triton_tem_", re.IGNORECASE)
+_KEEP = ("communication", "data", "optimizer", "attention")   # phases/kinds the name already tells
 
 
-def op_category(name: str) -> str:
+def op_category(name: str, base: str | None = None) -> str:
     """Category of one profiler op name, aware of compiled code (see the module docstring).
 
-    Generated (fused) kernels -> memory_bound, or matmul for matmul templates; compile wrappers ->
-    other; everything else is delegated to the shared categoriser ``preflight.bench.baseline``.
+    ``base`` is the shared categoriser's answer (``preflight.bench.baseline``; computed when not
+    given). Generated kernels become memory_bound (fused elementwise / reduction chains), or matmul
+    for Triton templates, unless the shared categoriser already placed them in a phase or kind the name
+    makes certain (an all-reduce, an optimizer ``_foreach_`` kernel, flex attention). Everything else,
+    the compile wrappers included (their self time is host overhead: 'other'), keeps ``base``.
     """
-    if _COMPILED_KERNEL.search(name):
-        return "matmul" if _MATMUL_KERNEL.search(name) else "memory_bound"
-    if name.startswith(_COMPILE_WRAPPERS):
-        return "other"
-    from preflight.bench.baseline import categorize
+    if base is None:
+        from preflight.bench.baseline import categorize
 
-    return categorize(name)
+        base = categorize(name)
+    if _GENERATED.search(name) and base not in _KEEP:
+        return "matmul" if _TEMPLATE.search(name) else "memory_bound"
+    return base
 
 
-def category_seconds(prof, device, steps: int) -> dict:
-    """Seconds per step in each category, from a finished ``torch.profiler.profile``.
+def category_breakdown(prof, device, steps: int) -> dict:
+    """Seconds per step by category, memory-bound share and top ops, from a finished profile.
 
-    Uses each operator's *self* time, so nested events are not counted twice: host self time on the
-    CPU, device (kernel) self time on a GPU. On a GPU only host-side operator events are read; their
-    self device time is the kernels they launched (kernel events themselves would double count).
+    The op table is the shared one (``preflight.bench.baseline.op_table``: self times, so nested
+    events never count twice; host time on the CPU, kernel time on a GPU), re-labelled for compiled
+    code by ``op_category``, so these figures compare directly with the single-device baseline's.
     """
-    from torch.autograd import DeviceType
+    from preflight.bench.baseline import CATEGORIES, op_table
 
-    gpu = torch.device(device).type == "cuda"
-    totals: dict[str, float] = {}
-    ops: dict[str, float] = {}
-    for e in prof.key_averages():
-        if gpu:
-            if e.device_type != DeviceType.CPU:
-                continue
-            us = getattr(e, "self_device_time_total", None)
-            if us is None:
-                us = getattr(e, "self_cuda_time_total", 0.0)
-        else:
-            us = e.self_cpu_time_total
-        if not us or us <= 0:
-            continue
-        cat = op_category(e.key)
-        totals[cat] = totals.get(cat, 0.0) + us / 1e6 / steps
-        ops[e.key] = ops.get(e.key, 0.0) + us / 1e6 / steps
-    top = sorted(ops.items(), key=lambda kv: -kv[1])[:10]
-    return {"seconds": totals,
-            "top_ops": [{"op": k, "seconds": v, "category": op_category(k)} for k, v in top]}
-
-
-def _share(seconds: dict, category: str = "memory_bound") -> float:
+    ops = op_table(prof, device)
+    ops["category"] = [op_category(o, c) for o, c in zip(ops["op"], ops["category"])]
+    ops["time_s"] = ops["time_s"] / steps
+    by_cat = ops.groupby("category")["time_s"].sum()
+    seconds = {c: float(by_cat.get(c, 0.0)) for c in CATEGORIES}
     total = sum(seconds.values())
-    return seconds.get(category, 0.0) / total if total > 0 else float("nan")
+    top = ops.groupby(["op", "category"], as_index=False)["time_s"].sum()
+    top = top.sort_values("time_s", ascending=False).head(10)
+    return {"seconds": seconds,
+            "memory_bound_share": seconds["memory_bound"] / total if total > 0 else float("nan"),
+            "top_ops": [{"op": o, "category": c, "seconds": float(t)}
+                        for o, c, t in zip(top["op"], top["category"], top["time_s"])]}
 
 
 def profile_categories(fn, device, steps: int) -> dict:
-    """Run ``fn`` ``steps`` times under the profiler (after one warm call); category seconds per step."""
+    """Run ``fn`` ``steps`` times under ``torch.profiler`` (after one warm call); ``category_breakdown``."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU]
@@ -179,9 +175,7 @@ def profile_categories(fn, device, steps: int) -> dict:
         for _ in range(steps):
             fn()
         synchronize(device)
-    out = category_seconds(prof, device, steps)
-    out["memory_bound_share"] = _share(out["seconds"])
-    return out
+    return category_breakdown(prof, device, steps)
 
 
 # --- the measurement --------------------------------------------------------------------------------

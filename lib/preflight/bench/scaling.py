@@ -104,15 +104,53 @@ def _free_port() -> int:
 
 # --- the worker ---------------------------------------------------------------------------------------
 
-def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict | None:
-    """One rank of the measurement. Returns the record on rank 0 (after writing it), None elsewhere."""
+def _time_ddp_steps(cfg, device, rank: int, steps: int):
+    """Train the reference model under DDP for warm-up + ``steps`` steps; (Timing, parameter count).
+
+    Kept in its own function on purpose: when it returns, DDP, its gradient reducer and the optimizer
+    are freed *before* the process group is destroyed. Left alive until interpreter exit, gloo work
+    objects they hold can be torn down after the group and abort the process ("terminate called
+    without an active exception"), turning a finished measurement into a failed torchrun.
+    """
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from preflight.bench import reference as ref
-    from preflight.records import make_record, save_record
     from preflight.timing import time_fn
+
+    model = ref.make_model(cfg, device, seed=0)          # same initial weights on every rank
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1000 + rank)     # each rank its own data
+    batches = [ref.synthetic_batch(cfg, device, gen) for _ in range(4)]   # on the device already
+    state = {"i": 0}
+
+    def step():
+        tokens, targets = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        opt.zero_grad(set_to_none=True)
+        with ref.autocast(cfg, device):
+            loss = ddp(tokens, targets)
+        loss.backward()           # DDP all-reduces gradient buckets during backward
+        opt.step()
+
+    timing = time_fn(step, device=device, warmup=WARMUP_STEPS, repeats=steps)
+    return timing, ref.count_params(model)
+
+
+def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict | None:
+    """One rank of the measurement. Returns the record on rank 0 (after writing it), None elsewhere.
+
+    Device: ``cuda:LOCAL_RANK`` with NCCL where there are GPUs, else the CPU with gloo. Each rank times
+    its own steps (median after warm-up); the medians are all-gathered and rank 0 writes the record.
+    """
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from preflight.bench import reference as ref
+    from preflight.records import make_record, save_record
 
     de = dist_env()
     for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
@@ -122,29 +160,15 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
     if gpu:
         device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device)
     else:
         device = torch.device("cpu")
-    backend = "nccl" if gpu else "gloo"
-    dist.init_process_group(backend, rank=de["rank"], world_size=de["world_size"])
+        dist.init_process_group("gloo", rank=de["rank"], world_size=de["world_size"])
+    backend = dist.get_backend()
     try:
         cfg = ref.config_for(device, tiny=quick)
-        model = ref.make_model(cfg, device, seed=0)
-        ddp = DDP(model, device_ids=[device.index] if gpu else None)
-        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-        gen = torch.Generator().manual_seed(1000 + de["rank"])      # each rank its own data
-        batches = [ref.synthetic_batch(cfg, device, gen) for _ in range(4)]
-        state = {"i": 0}
-
-        def step():
-            tokens, targets = batches[state["i"] % len(batches)]
-            state["i"] += 1
-            opt.zero_grad(set_to_none=True)
-            with ref.autocast(cfg, device):
-                loss = ddp(tokens, targets)
-            loss.backward()           # DDP all-reduces gradient buckets during backward
-            opt.step()
-
-        t = time_fn(step, device=device, warmup=WARMUP_STEPS, repeats=steps)
+        t, n_params = _time_ddp_steps(cfg, device, de["rank"], steps)
+        gc.collect()
         mine = torch.tensor([t.median_s, t.p10_s, t.p90_s], dtype=torch.float64, device=device)
         every = [torch.zeros_like(mine) for _ in range(de["world_size"])]
         dist.all_gather(every, mine)
@@ -167,8 +191,8 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
                 "tokens_per_s": samples * cfg.seq_len / step_s,
                 "steps_timed": steps, "warmup_steps": WARMUP_STEPS,
             }
-            params = {"model": cfg.as_dict(), "steps": steps, "quick": quick,
-                      "params": ref.count_params(model), "weak_scaling": True}
+            params = {"model": cfg.as_dict(), "steps": steps, "quick": quick, "params": n_params,
+                      "weak_scaling": True}
             record = make_record(METHOD, METHOD_VERSION, params, results)
             save_record(record, out, name=f"n{de['world_size']}")
         dist.barrier()                # field notes: without it ~1 run in 8 aborted at exit
@@ -247,7 +271,7 @@ def _run(cmd: list[str], env: dict, timeout: float) -> None:
                 continue
         raise TimeoutError(f"torchrun did not finish within {timeout:.0f} s: {' '.join(cmd)}") from None
     if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-25:])
+        tail = "\n".join(output.strip().splitlines()[-60:])
         raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
 
 
@@ -336,4 +360,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A worker ends with os._exit: its record is written and every rank has passed the barrier and
+    # destroyed the process group, so nothing is left to do, but on gloo about 1 run in 30 (2 cores,
+    # torch 2.13) still aborted later, in C++ teardown after the last Python frame ("terminate called
+    # without an active exception"), and torchrun reported the finished stage as failed.
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

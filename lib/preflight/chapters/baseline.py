@@ -87,9 +87,15 @@ def _not_measured(sink: FindingSink, fid: str, unit: str, threshold: str, fix: s
              message=f"not measured: {why}", fix=fix, source="not measured")
 
 
+CPU_NOT_JUDGED = "CPU fallback, not judged (thresholds are for GPUs); on a GPU: "
+
+
 def add_measured_findings(sink: FindingSink, base, fusion, gpu_memory_GB: float | None = None,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
-    """Findings from the baseline and fusion measurements (``preflight.chapter.Measured`` or None)."""
+    """Findings from the baseline and fusion measurements (``preflight.chapter.Measured`` or None).
+
+    A measurement made on the CPU fallback is recorded with verdict ``info``: MFU and memory-bound
+    thresholds are calibrated on GPUs, and a CPU's op mix says little about the project's GPUs."""
     mfu_words = judge(None, warn=MFU_WARN, fail=MFU_FAIL, fmt="{:.0%}")[1]
     mb_words = judge(None, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
     fix_mfu = "Profile one device first; fuse memory-bound ops (torch.compile), check the data wait, then scale."
@@ -122,7 +128,10 @@ def add_measured_findings(sink: FindingSink, base, fusion, gpu_memory_GB: float 
                  fix="Peak memory bounds the micro-batch and the parallel plan: measure it before choosing tp/pp.",
                  source=src)
         m = r["mfu"]
+        on_cpu = r["device"] == "cpu"
         v, words = judge(m["mfu_datasheet"], warn=MFU_WARN, fail=MFU_FAIL, fmt="{:.0%}")
+        if on_cpu:
+            v, words = "info", CPU_NOT_JUDGED + words
         ceil = m["mfu_measured_ceiling"]
         sink.add(id="baseline/mfu", value=m["mfu_datasheet"], unit="fraction", verdict=v, threshold=words,
                  message=(f"{m['achieved_tflops']:.3g} TFLOP/s of model FLOPs; "
@@ -133,11 +142,13 @@ def add_measured_findings(sink: FindingSink, base, fusion, gpu_memory_GB: float 
                  fix=fix_mfu, source=src)
         share_mb = r["memory_bound_share"]
         v, words = judge(share_mb, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")
+        if on_cpu:
+            v, words = "info", CPU_NOT_JUDGED + words
         sink.add(id="baseline/memory_bound_share", value=share_mb, unit="fraction", verdict=v, threshold=words,
                  message=("Share of step time in memory-bound ops (elementwise, norms, activations, softmax, "
                           "copies) by torch.profiler self time. More GPUs do not speed these up."
-                          + (" On a CPU these are vectorised and cache-resident: the share is far smaller "
-                             "than on a GPU." if r["device"] == "cpu" else "")),
+                          + (" On a CPU the op mix differs from a GPU's (vectorised, cache-resident "
+                             "elementwise ops; slower matmuls)." if on_cpu else "")),
                  fix=fix_mb, source=src)
     if fusion is None or not fusion.results.get("available"):
         why = why_missing if fusion is None else f"torch.compile unavailable ({fusion.results.get('reason')})"
@@ -167,10 +178,11 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
     last = stages.iloc[-1]
     v, words = judge(float(last["efficiency"]), warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
     if not judged:
-        v, words = "info", f"recorded only (CPU processes share the cores); on GPUs: {words}"
+        v, words = "info", f"CPU processes share the cores, not judged; on GPUs: {words}"
     sink.add(id="baseline/measured_scaling_efficiency", value=float(last["efficiency"]), unit="fraction",
              verdict=v, threshold=words,
-             message=(f"Data-parallel (DDP) step time at {int(last['processes'])} vs 1 process(es) on this machine "
-                      "(weak scaling, fixed per-rank batch)."),
+             message=(f"Data-parallel (DDP) step time at {int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
+                      f"{last['unit']} on this machine: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
+                      f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch)."),
              fix="Record efficiency at every stage (1 -> 8 -> 64 -> 512) and stop when it falls under 60 %.",
              source=source)

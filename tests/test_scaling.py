@@ -1,0 +1,139 @@
+"""Staged DDP scaling: real torchrun runs at 1 and 2 processes on the CPU, records from a cluster read
+back, the Slurm environment derivation, and the sbatch template."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from preflight.bench import scaling
+from preflight.models.extrapolate import scaling_curve
+from preflight.records import make_record, save_record
+
+REPO = Path(__file__).resolve().parents[1]
+SBATCH = REPO / "slurm" / "scaling_stages.sbatch"
+
+
+# ---------------------------------------------------------------------------- environment (pure)
+@pytest.mark.parametrize("nodelist, first", [
+    ("gpu001", "gpu001"),
+    ("gpu[003-010,12]", "gpu003"),
+    ("gpu[003-010,12],login1", "gpu003"),
+    ("a100-[7,9]", "a100-7"),
+    ("rack[1-2]-node[01-04]", "rack1-node01"),
+    ("n1,n2", "n1"),
+])
+def test_first_slurm_host(nodelist, first):
+    assert scaling.first_slurm_host(nodelist) == first
+
+
+def test_dist_env_from_slurm():
+    env = {"SLURM_PROCID": "13", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "gpu[007-008]", "SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_ID": "4242"}
+    d = scaling.dist_env(env)
+    assert d == {"rank": 13, "world_size": 16, "local_rank": 5, "local_world_size": 8, "nodes": 2,
+                 "master_addr": "gpu007", "master_port": 10000 + 4242, "launcher": "srun"}
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "head", "29999"
+    d = scaling.dist_env(env)
+    assert (d["master_addr"], d["master_port"]) == ("head", 29999)
+
+
+def test_dist_env_torchrun_wins_over_slurm():
+    env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8",
+           "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "29400",
+           "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2"}
+    assert scaling.dist_env(env) == {"rank": 9, "world_size": 16, "local_rank": 1, "local_world_size": 8,
+                                     "nodes": 2, "master_addr": "n0", "master_port": 29400,
+                                     "launcher": "torchrun"}
+
+
+def test_dist_env_single_process():
+    d = scaling.dist_env({})
+    assert (d["rank"], d["world_size"], d["nodes"], d["launcher"]) == (0, 1, 1, "single")
+    assert d["master_port"] > 0
+
+
+# ---------------------------------------------------------------------------- records from a cluster
+def _stage_record(n, step_s, date, nodes=None):
+    results = {"world_size": n, "nodes": nodes or max(1, n // 8), "unit": "GPUs (nccl)", "step_s": step_s,
+               "per_rank_batch": 8, "samples_per_s": 8 * n / step_s, "tokens_per_s": 8 * n * 2048 / step_s,
+               "step_s_per_rank": [step_s] * n}
+    rec = make_record("scaling", 1, {"steps": 30}, results, device={"name": "NVIDIA H100 80GB HBM3"})
+    rec["date"] = date
+    return rec
+
+
+def test_load_stage_records(tmp_path):
+    save_record(_stage_record(1, 0.100, "2026-01-01T00:00:00+00:00"), tmp_path, "n1")
+    save_record(_stage_record(8, 0.999, "2026-01-01T01:00:00+00:00"), tmp_path / "old", "n8")  # superseded
+    save_record(_stage_record(8, 0.105, "2026-01-02T00:00:00+00:00"), tmp_path, "n8")
+    save_record(_stage_record(64, 0.125, "2026-01-02T01:00:00+00:00"), tmp_path, "n64")
+    save_record(_stage_record(512, 0.200, "2026-01-02T02:00:00+00:00"), tmp_path, "n512")
+    (tmp_path / "other.json").write_text(json.dumps({"method": "baseline", "results": {}}))
+    df = scaling.load_stage_records(tmp_path)
+    assert list(df.columns) == scaling.COLUMNS
+    assert df["world_size"].tolist() == [1, 8, 64, 512]
+    assert df["nodes"].tolist() == [1, 1, 8, 64]
+    assert df["efficiency"].tolist() == pytest.approx([1.0, 0.100 / 0.105, 0.8, 0.5])
+    assert df["speedup"].tolist() == pytest.approx([1.0, 8 * 0.100 / 0.105, 64 * 0.8, 512 * 0.5])
+    assert df.attrs["notes"] == []
+    eff = scaling.measured_efficiencies(df)
+    assert eff == pytest.approx({1: 1.0, 8: 0.100 / 0.105, 64: 0.8, 512: 0.5})
+    curve = scaling_curve(serial_s=0.01, compute_s=0.09, params=1e9, grad_dtype="bf16", tp=1, pp=1,
+                          gpus_per_node=8, intra_node_GBps=450, inter_node_Gbps=200, target_gpus=512,
+                          measured=eff)
+    assert curve.set_index("gpus")["efficiency"].to_dict() == pytest.approx(eff)
+
+
+def test_load_stage_records_without_one_gpu_is_relative(tmp_path):
+    save_record(_stage_record(8, 0.1, "2026-01-01T00:00:00+00:00"), tmp_path, "n8")
+    save_record(_stage_record(64, 0.2, "2026-01-01T01:00:00+00:00"), tmp_path, "n64")
+    df = scaling.load_stage_records(tmp_path)
+    assert df["efficiency"].tolist() == pytest.approx([1.0, 0.5])
+    assert any("relative to 8" in n for n in df.attrs["notes"])
+    assert scaling.load_stage_records(tmp_path / "empty").empty
+
+
+def test_run_stages_drops_what_the_machine_cannot_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "max_processes", lambda: (1, "processes (CPU, gloo)"))
+    with pytest.warns(UserWarning, match="at most 1"):
+        df = scaling.run_stages((4,), out=tmp_path)
+    assert df.empty and "skipped" in df.attrs["notes"][0]
+
+
+# ---------------------------------------------------------------------------- live: torchrun on the CPU
+@pytest.mark.slow
+def test_run_stages_one_and_two_processes(tmp_path):
+    df = scaling.run_stages((1, 2), out=tmp_path, quick=True, timeout=240)
+    assert df["world_size"].tolist() == [1, 2]
+    assert set(df["unit"]) == {"processes (CPU, gloo)"} or set(df["unit"]) == {"GPUs (nccl)"}
+    assert (df["step_s"] > 0).all()
+    assert df["efficiency"].iloc[0] == 1.0
+    assert 0 < df["efficiency"].iloc[1] <= 1.5
+    assert df["speedup"].iloc[1] == pytest.approx(2 * df["efficiency"].iloc[1])
+    for n in (1, 2):
+        rec = json.loads((tmp_path / f"scaling-n{n}.json").read_text())
+        r = rec["results"]
+        assert rec["method"] == "scaling" and rec["method_version"] == 1
+        assert r["world_size"] == n and r["launcher"] == "torchrun" and r["nodes"] == 1
+        assert len(r["step_s_per_rank"]) == n and r["step_s"] == max(r["step_s_per_rank"])
+        if r["device_kind"] == "cpu":
+            assert r["backend"] == "gloo" and r["omp_num_threads"] == 1
+    again = scaling.load_stage_records(tmp_path)
+    assert again["efficiency"].tolist() == pytest.approx(df["efficiency"].tolist())
+
+
+# ---------------------------------------------------------------------------- the Slurm template
+def test_sbatch_is_valid_bash():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+
+
+def test_sbatch_documents_the_stages():
+    text = SBATCH.read_text()
+    for needle in ("--nodes=1  --gpus-per-node=1", "--nodes=1  --gpus-per-node=8",
+                   "--nodes=8  --gpus-per-node=8", "--nodes=64 --gpus-per-node=8",
+                   "scontrol show hostnames", "--rdzv_backend=c10d", "torch.distributed.run",
+                   "-m preflight.bench.scaling --out", "python -m preflight audit PROFILE.yaml --results"):
+        assert needle in text, needle
