@@ -155,3 +155,14 @@ def test_failing_chapter_still_yields_the_rest(tmp_path):
     assert CH1_IDS <= {f["id"] for f in s["findings"]}
     index = (out / "index.html").read_text()
     assert "deliberate failure" in index and "Broken chapter" in index
+
+
+def test_recorded_results_replace_live_measurement(tmp_path):
+    out = tmp_path / "o"
+    r = run_cli("audit", EXAMPLE, "--out", out, "--results", REPO / "tests" / "data" / "cpu_records")
+    assert r.returncode == 0, r.stdout + r.stderr
+    f = _by_id(_summary(out))
+    for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
+                "baseline/measured_scaling_efficiency"):
+        assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
+    assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from preflight.bench import baseline as bl
+from preflight.bench import categories as cat
 from preflight.bench import reference as ref
 from preflight.records import load_records, make_record, save_record
 
@@ -60,8 +61,8 @@ def full():
     ("cudaLaunchKernel", "other"), ("ProfilerStep#3", "other"),
 ])
 def test_categorize(name, category):
-    assert bl.categorize(name) == category
-    assert category in bl.CATEGORIES
+    assert cat.categorize(name) == category
+    assert category in cat.CATEGORIES
 
 
 def _evt(name, parent=None):
@@ -70,15 +71,15 @@ def _evt(name, parent=None):
 
 def test_event_category_uses_the_call_stack():
     step = _evt("Optimizer.step#AdamW.step", _evt("forward"))
-    assert bl.event_category(_evt("aten::mul_", step)) == "optimizer"        # AdamW's mul_, not the model's
-    assert bl.event_category(_evt("aten::mul_", _evt("forward"))) == "memory_bound"
-    assert bl.event_category(_evt("aten::t", _evt("aten::linear", _evt("forward")))) == "matmul"
+    assert cat.event_category(_evt("aten::mul_", step)) == "optimizer"        # AdamW's mul_, not the model's
+    assert cat.event_category(_evt("aten::mul_", _evt("forward"))) == "memory_bound"
+    assert cat.event_category(_evt("aten::t", _evt("aten::linear", _evt("forward")))) == "matmul"
     data = _evt("data_wait")
-    assert bl.event_category(_evt("aten::copy_", _evt("aten::to", data))) == "data"
+    assert cat.event_category(_evt("aten::copy_", _evt("aten::to", data))) == "data"
     sdpa = _evt("aten::scaled_dot_product_attention")
-    assert bl.event_category(_evt("aten::bmm", _evt("aten::_scaled_dot_product_attention_math", sdpa))) \
+    assert cat.event_category(_evt("aten::bmm", _evt("aten::_scaled_dot_product_attention_math", sdpa))) \
         == "attention"                                                        # math path stays attention
-    assert bl.event_category(_evt("aten::empty")) == "other"
+    assert cat.event_category(_evt("aten::empty")) == "other"
 
 
 def test_op_table_on_gpu_uses_kernel_time_once():
@@ -100,8 +101,8 @@ def test_op_table_on_gpu_uses_kernel_time_once():
               ev("vectorized_elementwise_kernel", dev_type=DeviceType.CUDA, elapsed=300.0),
               ev("multi_tensor_apply_kernel", dev_type=DeviceType.CUDA, elapsed=100.0),
               ev("ncclDevKernel_AllReduce", dev_type=DeviceType.CUDA, elapsed=200.0)]   # no CPU op
-    ops = bl.op_table(types.SimpleNamespace(events=lambda: events), "cuda")
-    cats = bl.category_table(ops).set_index("category")
+    ops = cat.op_table(types.SimpleNamespace(events=lambda: events), "cuda")
+    cats = cat.category_table(ops).set_index("category")
     assert ops["time_s"].sum() == pytest.approx(1200e-6)                  # each kernel once
     assert cats.loc["matmul", "time_s"] == pytest.approx(600e-6)
     assert cats.loc["memory_bound", "share"] == pytest.approx(0.25)
@@ -173,7 +174,7 @@ def test_throughput_and_shares(which, request):
     assert comp["share"].sum() == pytest.approx(1.0)
     assert float(comp.set_index("phase").loc["data_wait", "seconds"]) > 0     # a real loader
     cats = bl.categories_frame(r).set_index("category")
-    assert list(cats.index) == list(bl.CATEGORIES)
+    assert list(cats.index) == list(cat.CATEGORIES)
     assert cats["share"].sum() == pytest.approx(1.0)
     for c in ("matmul", "attention", "memory_bound", "optimizer", "data"):
         assert cats.loc[c, "time_s"] > 0, c

@@ -204,14 +204,18 @@ else:
 # `--results DIR` puts those points on the curve in place of the model.
 
 # %%
-stages = None
-if ch.measure and not ch.results_dir:
+stages, stages_source = None, f"measured on {ch.device.label}"
+if ch.results_dir and curve_measured:
+    stages, stages_source = recorded, f"recorded ({ch.results_dir})"
+    ch.table(stages)
+elif ch.measure:
     from preflight.bench import scaling as bench_scaling
     import os
     stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
     stages = bench_scaling.run_stages(out=stage_dir, quick=ch.quick)
     ch.table(stages)
-B.add_measured_scaling(ch.findings, stages, f"measured on {ch.device.label}", judged=ch.device.is_gpu)
+B.add_measured_scaling(ch.findings, stages, stages_source,
+                       judged=stages is not None and not str(stages["unit"].iloc[0]).startswith("processes"))
 ch.table(curve)
 ch.show("scaling_curve", charts.scaling_curve_chart(curve))
 

@@ -124,14 +124,14 @@ _KEEP = ("communication", "data", "optimizer", "attention")   # phases/kinds the
 def op_category(name: str, base: str | None = None) -> str:
     """Category of one profiler op name, aware of compiled code (see the module docstring).
 
-    ``base`` is the shared categoriser's answer (``preflight.bench.baseline``; computed when not
+    ``base`` is the shared categoriser's answer (``preflight.bench.categories``; computed when not
     given). Generated kernels become memory_bound (fused elementwise / reduction chains), or matmul
     for Triton templates, unless the shared categoriser already placed them in a phase or kind the name
     makes certain (an all-reduce, an optimizer ``_foreach_`` kernel, flex attention). Everything else,
     the compile wrappers included (their self time is host overhead: 'other'), keeps ``base``.
     """
     if base is None:
-        from preflight.bench.baseline import categorize
+        from preflight.bench.categories import categorize
 
         base = categorize(name)
     if _GENERATED.search(name) and base not in _KEEP:
@@ -142,11 +142,11 @@ def op_category(name: str, base: str | None = None) -> str:
 def category_breakdown(prof, device, steps: int) -> dict:
     """Seconds per step by category, memory-bound share and top ops, from a finished profile.
 
-    The op table is the shared one (``preflight.bench.baseline.op_table``: self times, so nested
+    The op table is the shared one (``preflight.bench.categories.op_table``: self times, so nested
     events never count twice; host time on the CPU, kernel time on a GPU), re-labelled for compiled
     code by ``op_category``, so these figures compare directly with the single-device baseline's.
     """
-    from preflight.bench.baseline import CATEGORIES, op_table
+    from preflight.bench.categories import CATEGORIES, op_table
 
     ops = op_table(prof, device)
     ops["category"] = [op_category(o, c) for o, c in zip(ops["op"], ops["category"])]

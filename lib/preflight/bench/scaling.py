@@ -66,7 +66,8 @@ def dist_env(environ: dict | None = None) -> dict:
     torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (and GROUP_WORLD_SIZE =
     nodes); they win when present. Otherwise, under ``srun`` with one task per device, they are derived
     from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_NODELIST, with a port derived from
-    the job id (so concurrent jobs on a shared head node do not collide). Neither: one process.
+    the job id (so concurrent jobs on a shared head node do not collide). Neither: one process (on a
+    free local port, the only part not decided by ``environ``).
     Keys: rank, world_size, local_rank, local_world_size, nodes, master_addr, master_port, launcher.
     """
     env = os.environ if environ is None else environ
@@ -97,9 +98,9 @@ def dist_env(environ: dict | None = None) -> dict:
 def _free_port() -> int:
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # --- the worker ---------------------------------------------------------------------------------------
@@ -107,10 +108,9 @@ def _free_port() -> int:
 def _time_ddp_steps(cfg, device, rank: int, steps: int):
     """Train the reference model under DDP for warm-up + ``steps`` steps; (Timing, parameter count).
 
-    Kept in its own function on purpose: when it returns, DDP, its gradient reducer and the optimizer
-    are freed *before* the process group is destroyed. Left alive until interpreter exit, gloo work
-    objects they hold can be torn down after the group and abort the process ("terminate called
-    without an active exception"), turning a finished measurement into a failed torchrun.
+    Kept in its own function so that DDP, its gradient reducer (which holds the process group and
+    its pending work) and the optimizer are freed when it returns, before the group is destroyed:
+    teardown then runs in the order it was built.
     """
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -178,17 +178,13 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
             step_s = max(r[0] for r in per_rank)      # the slowest rank sets the pace
             samples = de["world_size"] * cfg.batch
             results = {
-                "world_size": de["world_size"], "nodes": de["nodes"],
-                "processes_per_node": de["local_world_size"], "launcher": de["launcher"],
-                "backend": backend, "device_kind": device.type,
-                "unit": "GPUs (nccl)" if gpu else "processes (CPU, gloo)",
-                "omp_num_threads": torch.get_num_threads(),
-                "step_s": step_s,
-                "step_s_per_rank": [r[0] for r in per_rank],
+                "world_size": de["world_size"], "nodes": de["nodes"], "launcher": de["launcher"],
+                "processes_per_node": de["local_world_size"], "backend": backend,
+                "device_kind": device.type, "unit": "GPUs (nccl)" if gpu else "processes (CPU, gloo)",
+                "omp_num_threads": torch.get_num_threads(), "per_rank_batch": cfg.batch,
+                "step_s": step_s, "step_s_per_rank": [r[0] for r in per_rank],
                 "step_s_p10_p90_per_rank": [r[1:] for r in per_rank],
-                "per_rank_batch": cfg.batch,
-                "samples_per_s": samples / step_s,
-                "tokens_per_s": samples * cfg.seq_len / step_s,
+                "samples_per_s": samples / step_s, "tokens_per_s": samples * cfg.seq_len / step_s,
                 "steps_timed": steps, "warmup_steps": WARMUP_STEPS,
             }
             params = {"model": cfg.as_dict(), "steps": steps, "quick": quick, "params": n_params,
@@ -360,10 +356,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # A worker ends with os._exit: its record is written and every rank has passed the barrier and
-    # destroyed the process group, so nothing is left to do, but on gloo about 1 run in 30 (2 cores,
-    # torch 2.13) still aborted later, in C++ teardown after the last Python frame ("terminate called
-    # without an active exception"), and torchrun reported the finished stage as failed.
+    # Ends with os._exit: by now the record is written and every rank has passed the barrier and
+    # destroyed the process group, so nothing is left to do. A normal exit still aborted in about 1
+    # run in 40 on gloo (2 cores, torch 2.13: "terminate called without an active exception", in C++
+    # teardown after the last Python frame), and torchrun then failed a finished stage; with
+    # os._exit, 0 in 80. (main() itself returns normally, for callers in-process.)
     rc = main()
     sys.stdout.flush()
     sys.stderr.flush()

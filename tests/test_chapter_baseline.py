@@ -1,0 +1,86 @@
+"""Chapter 1's audit logic on recorded data (tests/data/cpu_records: a real quick run on a 2-core
+CPU) and on the profile, without running the notebook."""
+import pytest
+
+from conftest import EXAMPLE, REPO
+from preflight.chapter import Measured
+from preflight.chapters import baseline as B
+from preflight.findings import FindingSink
+from preflight.profile import load_profile, parse_profile
+from preflight.records import load_records
+
+RECORDS = REPO / "tests" / "data" / "cpu_records"
+
+
+def _measured(method):
+    rec = load_records(RECORDS, method)[-1]
+    return Measured(rec["results"], "recorded", rec)
+
+
+def _ids(sink):
+    return {f.id: f for f in sink.findings}
+
+
+def test_plan_findings_of_the_example():
+    p = load_profile(EXAMPLE)
+    sink = FindingSink()
+    B.add_plan_findings(sink, p, B.plan_curve(p))
+    f = _ids(sink)
+    assert f["baseline/amdahl_max_speedup"].value == pytest.approx(1 + 0.8 / 0.09)
+    assert f["baseline/amdahl_max_speedup"].verdict == "fail"
+    assert f["baseline/scaling_efficiency_at_target"].verdict == "fail"
+    assert "2.26 s in gradient all-reduce" in f["baseline/scaling_efficiency_at_target"].message
+
+
+def test_a_healthy_plan_passes():
+    p = parse_profile({"project": "small", "model": {"params": 1e8, "layers": 12, "hidden": 768, "seq_len": 1024},
+                       "cluster": {"nodes": 1, "gpus_per_node": 8},
+                       "training": {"step_serial_s": 0.001, "step_compute_s": 1.0, "grad_dtype": "bf16"}})
+    sink = FindingSink()
+    B.add_plan_findings(sink, p, B.plan_curve(p))
+    f = _ids(sink)
+    assert f["baseline/amdahl_max_speedup"].verdict == "pass"          # 1001x >= 2 x 8
+    assert f["baseline/scaling_efficiency_at_target"].verdict == "pass"
+
+
+def test_measured_findings_replay_cpu_records():
+    base, fus = _measured("baseline"), _measured("fusion")
+    sink = FindingSink()
+    B.add_measured_findings(sink, base, fus)
+    f = _ids(sink)
+    r = base.results
+    assert f["baseline/throughput"].value == pytest.approx(r["throughput"]["tokens_per_s"])
+    assert f["baseline/memory_bound_share"].value == pytest.approx(r["memory_bound_share"])
+    # CPU fallback: recorded, not judged against GPU thresholds; MFU left empty (unknown peak)
+    assert f["baseline/memory_bound_share"].verdict == "info"
+    assert f["baseline/mfu"].value is None and "unknown peak" in f["baseline/mfu"].message
+    assert f["baseline/fusion_speedup"].value == pytest.approx(fus.results["speedup_fwd_bwd"])
+    assert f["baseline/peak_memory"].value == pytest.approx(r["memory"]["peak_GB"] * 1e9)
+
+
+def test_gpu_results_are_judged():
+    rec = load_records(RECORDS, "baseline")[-1]
+    r = dict(rec["results"], device="cuda:0", memory_bound_share=0.45)
+    r["mfu"] = dict(r["mfu"], mfu_datasheet=0.28, datasheet_peak_tflops=989.4)
+    sink = FindingSink()
+    B.add_measured_findings(sink, Measured(r, "measured on GPU"), None)
+    f = _ids(sink)
+    assert f["baseline/memory_bound_share"].verdict == "fail"     # the field case: ~45 %
+    assert f["baseline/mfu"].verdict == "fail"                    # under 30 %
+    assert f["baseline/fusion_speedup"].value is None
+
+
+def test_measured_serial_parallel_split():
+    comp = [{"phase": "data_wait", "seconds": 0.01}, {"phase": "forward", "seconds": 0.03},
+            {"phase": "backward", "seconds": 0.06}, {"phase": "optimizer", "seconds": 0.02},
+            {"phase": "other", "seconds": 0.005}]
+    ts, tc = B.measured_serial_parallel(comp)
+    assert ts == pytest.approx(0.035) and tc == pytest.approx(0.09)
+
+
+def test_not_measured_findings_in_plan_only():
+    sink = FindingSink()
+    B.add_measured_findings(sink, None, None)
+    B.add_measured_scaling(sink, None, "")
+    for f in sink.findings:
+        assert f.value is None and f.verdict == "info" and f.message.startswith("not measured")
