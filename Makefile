@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PROFILE ?= data/profiles/example.yaml
 AUDIT_ARGS ?=
+PYTEST_ARGS ?= -q -rs
 # make wheelhouse: which interpreter / platform the wheels are for (an air-gapped cluster's).
 WHEEL_PY ?= 3.11
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
@@ -30,7 +31,7 @@ plan: setup
 	$(PY) -m preflight audit $(PROFILE) --plan-only $(AUDIT_ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## JupyterLab for workshops: loopback only, token on.
 lab: setup
