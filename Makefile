@@ -35,7 +35,8 @@ test: setup
 
 ## JupyterLab for workshops: loopback only, token on.
 lab: setup
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=playbook
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=playbook \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## Every wheel the project needs, for an offline install on another machine (see README).
 wheelhouse:

@@ -243,3 +243,13 @@ def test_gpu_baseline_quick():
     assert cats["matmul"]["time_s"] > 0
     assert 0.75 < r["flops"]["ratio_counted_to_formula"] < 1.25
     assert r["mfu"]["mfu_measured_ceiling"] > 0
+
+
+def test_profiler_log_filtered_drops_kineto_lines_only(capfd):
+    import os
+
+    with cat.profiler_log_filtered():
+        os.write(2, b"USDT:2026-11-30 00:49:06 16217:16217 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "a real warning" in err and "profiler_start" not in err

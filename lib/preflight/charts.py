@@ -34,14 +34,16 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
                  if 2 ** (k / 4) <= n_max} | {n_max})
     df = speedup_table(ts, tc, ns).melt("N", var_name="model", value_name="speedup")
     base = alt.Chart(df).mark_line(point=False).encode(
-        x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N"),
+        x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N",
+                axis=alt.Axis(labelOverlap="greedy")),
         y=alt.Y("speedup:Q", scale=alt.Scale(type="log", base=2), title="speedup"),
         color=alt.Color("model:N", title=None),
     )
     layers = [base]
     ceiling = amdahl_ceiling(ts, tc)
     if ceiling != float("inf"):
-        layers.append(alt.Chart(pd.DataFrame({"y": [ceiling]})).mark_rule(color="#c62828").encode(y="y:Q"))
+        layers.append(alt.Chart(pd.DataFrame({"y": [ceiling]})).mark_rule(color="black", strokeDash=[6, 3])
+                      .encode(y="y:Q"))
     if n_mark:
         layers.append(alt.Chart(pd.DataFrame({"x": [n_mark]})).mark_rule(color="#546e7a",
                                                                           strokeDash=[2, 2]).encode(x="x:Q"))

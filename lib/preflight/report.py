@@ -131,10 +131,6 @@ def index_html(summary: dict, out_dir: Path) -> str:
     return page(f"Preflight audit: {summary['project']}", body)
 
 
-# torch.profiler's C++ side (kineto) prints these to stderr; they mean nothing to a reader.
-_PROFILER_LOG = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d ")
-
-
 def chapter_html(notebook: Path, title: str) -> str:
     """A chapter page from its executed notebook: nbconvert's script-free ``basic`` template,
     inputs hidden (the executed notebook keeps the code), wrapped in the report's own page."""
@@ -142,13 +138,6 @@ def chapter_html(notebook: Path, title: str) -> str:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook, as_version=4)
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
-                out["text"] = "".join(line for line in out["text"].splitlines(keepends=True)
-                                      if not _PROFILER_LOG.match(line))
-        if "outputs" in cell:
-            cell["outputs"] = [o for o in cell["outputs"] if o.get("output_type") != "stream" or o["text"].strip()]
     body, _ = HTMLExporter(template_name="basic", exclude_input=True,
                            exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     nav = "<p class='meta'><a href='index.html'>&larr; audit summary</a></p>"

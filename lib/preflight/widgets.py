@@ -50,12 +50,16 @@ def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384) -> W.VBox:
     style = {"description_width": "170px"}
     layout = W.Layout(width="520px")
     hi = max(ts, tc) * 4 or 1.0
+
+    def seconds(value: float, label: str, low: float) -> W.FloatSlider:
+        # the step divides the start value exactly, so the browser starts where Python does
+        step = value / 100 if value > 0 else hi / 1000
+        return W.FloatSlider(value=value, min=low * step, max=step * round(hi / step), step=step,
+                             description=label, readout_format=".4g", style=style, layout=layout)
+
     controls = {
-        "ts": W.FloatSlider(value=ts, min=0.0, max=round(hi, 3), step=round(hi / 400, 6) or 1e-4,
-                            description="serial Ts (s)", readout_format=".4f", style=style, layout=layout),
-        "tc": W.FloatSlider(value=tc, min=round(hi / 400, 6) or 1e-4, max=round(hi, 3),
-                            step=round(hi / 400, 6) or 1e-4, description="parallel Tc (s)",
-                            readout_format=".4f", style=style, layout=layout),
+        "ts": seconds(ts, "serial Ts (s)", 0),
+        "tc": seconds(tc, "parallel Tc (s)", 1),
         "n": W.IntSlider(value=max(0, int(n).bit_length() - 1), min=0, max=n_max.bit_length() - 1,
                          description="log2 N (workers)", style=style, layout=layout),
     }

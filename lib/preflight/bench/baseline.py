@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from preflight import hardware
 from preflight.bench import reference as ref
-from preflight.bench.categories import category_table, op_table
+from preflight.bench.categories import category_table, op_table, profiler_log_filtered
 from preflight.bench.ceilings import default_device, device_name, launch_rank, matmul_rate, on_device
 from preflight.bench.nvml import NvmlSampler
 from preflight.models.flops import mfu, train_flops_per_token
@@ -246,7 +246,7 @@ def _profile(model, opt, batches, cfg, dev, n: int):
     try:
         synchronize(dev)
         t0 = time.perf_counter()
-        with profile(activities=acts) as prof:
+        with profiler_log_filtered(), profile(activities=acts) as prof:
             for _ in range(n):
                 _step(model, opt, batches, cfg, dev, StepTimer(dev))
             synchronize(dev)

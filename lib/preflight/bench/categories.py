@@ -10,11 +10,38 @@ bytes than they compute and are *memory-bound*: more GPUs do not make them faste
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
+from contextlib import contextmanager
 
 import torch
 
 CATEGORIES = ("matmul", "attention", "memory_bound", "communication", "data", "optimizer", "other")
+
+# torch.profiler's C++ side (kineto) prints these to stderr at start and stop.
+_KINETO_LOG = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d ")
+
+
+@contextmanager
+def profiler_log_filtered():
+    """Around a ``torch.profiler`` run: drop kineto's 'USDT:'/'STAGE:' lines from the process's
+    stderr (red noise in a notebook) and pass every other line through, after the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines = tmp.read().decode(errors="replace").splitlines(keepends=True)
+            rest = "".join(line for line in lines if not _KINETO_LOG.match(line))
+            if rest:
+                sys.stderr.write(rest)
 
 
 _COMM = re.compile(r"nccl|gloo|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all")

@@ -166,12 +166,14 @@ def profile_categories(fn, device, steps: int) -> dict:
     """Run ``fn`` ``steps`` times under ``torch.profiler`` (after one warm call); ``category_breakdown``."""
     from torch.profiler import ProfilerActivity, profile
 
+    from preflight.bench.categories import profiler_log_filtered
+
     acts = [ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         acts.append(ProfilerActivity.CUDA)
     fn()
     synchronize(device)
-    with profile(activities=acts) as prof:
+    with profiler_log_filtered(), profile(activities=acts) as prof:
         for _ in range(steps):
             fn()
         synchronize(device)
