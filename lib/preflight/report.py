@@ -46,6 +46,8 @@ def fmt_value(value, unit: str) -> str:
         return f"{value:.3g}x"
     if unit == "bytes":
         return f"{value / 1e9:.3g} GB"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} {unit}".strip()
     return f"{value:.4g} {unit}".strip()
 
 

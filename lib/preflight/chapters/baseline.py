@@ -66,8 +66,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame) 
              threshold=words,
              message=(f"At {n} GPUs a step spends {at['comm_s']:.3g} s in gradient all-reduce against "
                       f"{ts + tc:.3g} s of work: {at['efficiency_no_overlap']:.0%} efficiency without "
-                      f"overlap, {at['efficiency_overlap']:.0%} if backward hides it fully "
-                      f"({at['source']})."),
+                      f"overlap, {at['efficiency_overlap']:.0%} if backward hides it fully; the verdict uses the "
+                      f"{at['source']} figure."),
              fix="Stop scaling and fix communication first: overlap (DDP bucketing), bf16 gradients, "
                  "gradient accumulation, topology-aware groups (chapter 3).",
              source=src)
