@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import re
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,6 +85,20 @@ def select_chapters(spec: str | None, available: dict[int, tuple[str, Path]]) ->
     return wanted
 
 
+def _kernel_manager_class(socket_dir: str):
+    """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
+    listens on a port, and ipykernel has nothing to warn about."""
+    from jupyter_client.manager import KernelManager
+
+    class IPCKernelManager(KernelManager):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.transport = "ipc"
+            self.ip = str(Path(socket_dir) / "kernel")
+
+    return IPCKernelManager
+
+
 def _kernel_name() -> str:
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
@@ -110,6 +125,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "notebooks").mkdir(exist_ok=True)
     kernel = _kernel_name()
+    sockets = tempfile.TemporaryDirectory(prefix="preflight-kernels-")
     started = time.perf_counter()
     runs: list[ChapterRun] = []
     for i, num in enumerate(chapters, 1):
@@ -127,7 +143,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
                             "plan_only": plan_only, "results_dir": str(results_dir) if results_dir else "",
                             "out_dir": str(out_dir), "quick": quick, "interactive": False},
                 execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
-                log_output=False, request_save_on_cell_execute=False)
+                log_output=False, request_save_on_cell_execute=False,
+                kernel_manager_class=_kernel_manager_class(sockets.name))
             run.status = "ok"
         except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
             run.status = "error"
@@ -142,6 +159,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
         log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
             f"{len(found)} findings, worst: {worst(f.verdict for f in found)}", flush=True)
         runs.append(run)
+    sockets.cleanup()
 
     summary = {
         "schema": "preflight-findings/1",
