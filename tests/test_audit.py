@@ -166,3 +166,41 @@ def test_recorded_results_replace_live_measurement(tmp_path):
                 "baseline/measured_scaling_efficiency"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
+
+
+def test_relative_results_path_and_no_stale_charts(tmp_path):
+    """A relative --results is taken from the caller's folder (the notebooks run in playbook/);
+    a later plan-only run into the same folder leaves no chart of the measured run behind."""
+    shutil.copytree(REPO / "tests" / "data" / "cpu_records", tmp_path / "results")
+    r = run_cli("audit", EXAMPLE, "--out", "o", "--results", "results", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    f = _by_id(_summary(tmp_path / "o"))
+    assert f["baseline/throughput"]["source"].startswith("recorded")
+    assert (tmp_path / "o" / "charts" / "baseline--step_composition.svg").exists()
+    r = run_cli("audit", EXAMPLE, "--out", "o", "--plan-only", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "o" / "charts" / "baseline--step_composition.svg").exists()
+    assert (tmp_path / "o" / "charts" / "baseline--amdahl.svg").exists()
+
+
+def test_cell_timeout_marks_the_chapter_error(tmp_path):
+    book = tmp_path / "playbook"
+    book.mkdir()
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell("profile_path = findings_path = results_dir = out_dir = ''\n"
+                                  "plan_only = quick = interactive = False")
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Slow chapter"), p,
+                nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    nbformat.write(nb, book / "01_slow.ipynb")
+    r = run_cli("audit", EXAMPLE, "--out", tmp_path / "o", "--plan-only", "--playbook", book, "--timeout", "10")
+    assert r.returncode == 1, r.stdout + r.stderr
+    ch = _summary(tmp_path / "o")["chapters"][0]
+    assert ch["status"] == "error" and "timed out" in ch["error"].lower()
+    assert ch["elapsed_s"] < 40
+
+
+def test_unwritable_out_is_bad_input(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    r = run_cli("audit", EXAMPLE, "--out", tmp_path / "afile" / "sub", "--plan-only")
+    assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr

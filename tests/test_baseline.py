@@ -87,9 +87,10 @@ def test_op_table_on_gpu_uses_kernel_time_once():
     device time (never from both a parent and its child), and kernels no op claims are 'other'."""
     from torch.autograd import DeviceType
 
-    def ev(name, parent=None, self_dev=0.0, dev_type=DeviceType.CPU, elapsed=0.0):
+    def ev(name, parent=None, self_dev=0.0, dev_type=DeviceType.CPU, elapsed=0.0, annotation=False):
         return types.SimpleNamespace(name=name, cpu_parent=parent, device_type=dev_type,
                                      self_device_time_total=self_dev, self_cpu_time_total=999.0,
+                                     is_user_annotation=annotation, is_async=False,
                                      time_range=types.SimpleNamespace(elapsed_us=lambda: elapsed))
 
     fwd = ev("forward")
@@ -100,7 +101,9 @@ def test_op_table_on_gpu_uses_kernel_time_once():
               ev("sm90_gemm_kernel", dev_type=DeviceType.CUDA, elapsed=600.0),
               ev("vectorized_elementwise_kernel", dev_type=DeviceType.CUDA, elapsed=300.0),
               ev("multi_tensor_apply_kernel", dev_type=DeviceType.CUDA, elapsed=100.0),
-              ev("ncclDevKernel_AllReduce", dev_type=DeviceType.CUDA, elapsed=200.0)]   # no CPU op
+              ev("ncclDevKernel_AllReduce", dev_type=DeviceType.CUDA, elapsed=200.0),   # no CPU op
+              # record_function("forward")'s device-side range spans the kernels: not one itself
+              ev("forward", dev_type=DeviceType.CUDA, elapsed=1150.0, annotation=True)]
     ops = cat.op_table(types.SimpleNamespace(events=lambda: events), "cuda")
     cats = cat.category_table(ops).set_index("category")
     assert ops["time_s"].sum() == pytest.approx(1200e-6)                  # each kernel once
@@ -145,12 +148,6 @@ def test_flop_counter_matches_formula(cfg):
     assert 0.75 < f["ratio_counted_to_formula"] < 1.25
     assert f["ratio_counted_to_formula"] == pytest.approx(_expected_ratio(cfg), rel=1e-9)
     assert any("attention_for_cpu" in k for k in f["counted_by_op"])      # CPU attention counted
-
-
-def test_flop_ratio_expected_for_the_gpu_config():
-    # The GPU model is too big to run here; the derivation gives its ratio: ~1.02 (attention is
-    # ~12% of its FLOPs, and the counter's backward recompute adds a sixth of that).
-    assert _expected_ratio(ref.GPU_CONFIG) == pytest.approx(1.02, abs=0.01)
 
 
 # ---------------------------------------------------------------------------- the measurement

@@ -119,3 +119,19 @@ def test_cli_validate_prints_filled_profile():
     r = run_cli("validate", EXAMPLE)
     assert r.returncode == 0
     assert "1024 GPUs, data-parallel size 1024" in r.stdout
+
+
+def test_profile_that_is_a_folder(tmp_path):
+    with pytest.raises(ProfileError, match="is a folder"):
+        load_profile(tmp_path)
+
+
+def test_no_serial_part_gives_an_unbounded_ceiling():
+    from preflight.chapters import baseline as B
+    from preflight.findings import FindingSink
+
+    p = parse_profile(_with("training.step_serial_s", 0))
+    sink = FindingSink()
+    B.add_plan_findings(sink, p, B.plan_curve(p))
+    f = {x.id: x for x in sink.findings}["baseline/amdahl_max_speedup"]
+    assert f.value is None and f.verdict == "pass" and "without bound" in f.message

@@ -11,4 +11,7 @@ Layout (one concept per module):
 - ``audit``, ``report``, ``cli``  the headless audit.
 """
 
+from pathlib import Path
+
 __version__ = "0.1.0"
+REPO = Path(__file__).resolve().parents[2]      # the checkout: playbook/, data/ (editable install)

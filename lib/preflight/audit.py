@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from preflight import REPO
 from preflight.findings import VERDICT_RANK, Finding, read_findings, worst
 from preflight.profile import Profile
 
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "playbook"
 KERNEL = "preflight"          # registered by `make setup` into the project's venv; python3 otherwise
 DEFAULT_TIMEOUT_S = 600       # per cell
@@ -88,9 +88,9 @@ def select_chapters(spec: str | None, available: dict[int, tuple[str, Path]]) ->
 def _kernel_manager_class(socket_dir: str):
     """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
     listens on a port, and ipykernel has nothing to warn about."""
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager   # nbclient needs the async one for timeouts
 
-    class IPCKernelManager(KernelManager):
+    class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw):
             super().__init__(**kw)
             self.transport = "ipc"
@@ -114,9 +114,8 @@ def _kernel_name() -> str:
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print) -> dict:
-    """Execute the chosen chapters, write findings.json and the HTML report; return the summary."""
-    import papermill as pm
-
+    """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
+    Paths must be absolute: the notebooks run with the playbook folder as working directory."""
     from preflight import report
     from preflight.device import probe
     from preflight.records import versions
@@ -124,42 +123,20 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     available = discover(playbook)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "notebooks").mkdir(exist_ok=True)
-    kernel = _kernel_name()
-    sockets = tempfile.TemporaryDirectory(prefix="preflight-kernels-")
+    params = {"profile_path": str(profile_path), "plan_only": plan_only,
+              "results_dir": str(results_dir) if results_dir else "", "out_dir": str(out_dir),
+              "quick": quick, "interactive": False}
     started = time.perf_counter()
     runs: list[ChapterRun] = []
-    for i, num in enumerate(chapters, 1):
-        name, nb_path = available[num]
-        run = ChapterRun(num, name, notebook_title(nb_path), f"notebooks/{nb_path.name}")
-        findings_path = out_dir / "chapters" / f"{nb_path.stem}.json"
-        findings_path.unlink(missing_ok=True)
-        log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
-            f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
-        t0 = time.perf_counter()
-        try:
-            pm.execute_notebook(
-                str(nb_path), str(out_dir / run.notebook), kernel_name=kernel, language="python",
-                parameters={"profile_path": str(profile_path), "findings_path": str(findings_path),
-                            "plan_only": plan_only, "results_dir": str(results_dir) if results_dir else "",
-                            "out_dir": str(out_dir), "quick": quick, "interactive": False},
-                execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
-                log_output=False, request_save_on_cell_execute=False,
-                kernel_manager_class=_kernel_manager_class(sockets.name))
-            run.status = "ok"
-        except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
-            run.status = "error"
-            run.error = _short_error(err)
-        run.elapsed_s = round(time.perf_counter() - t0, 1)
-        found = read_findings(findings_path) if findings_path.exists() else []
-        if run.status == "error":
-            found.append(Finding(id=f"{name}/error", value=None, unit="", verdict="error",
-                                 threshold="chapter ran to the end", message=run.error or "error",
-                                 fix=f"Open {run.notebook} to see the failing cell.", source="audit"))
-        run.findings = [asdict(f) for f in found]
-        log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
-            f"{len(found)} findings, worst: {worst(f.verdict for f in found)}", flush=True)
-        runs.append(run)
-    sockets.cleanup()
+    with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
+        for i, num in enumerate(chapters, 1):
+            name, nb_path = available[num]
+            log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
+                f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
+            run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, sockets)
+            log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
+                f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}", flush=True)
+            runs.append(run)
 
     summary = {
         "schema": "preflight-findings/1",
@@ -177,9 +154,41 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
         "findings": [f | {"chapter": r.number} for r in runs for f in r.findings],
     }
-    (out_dir / "findings.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out_dir / "findings.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False))
     report.write_report(summary, out_dir)
     return summary
+
+
+def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict, playbook: Path,
+                 timeout_s: int, socket_dir: str) -> ChapterRun:
+    """Execute one chapter notebook with papermill; its findings, plus one ``error`` finding if it raised."""
+    import papermill as pm
+
+    run = ChapterRun(num, name, notebook_title(nb_path), f"notebooks/{nb_path.name}")
+    findings_path = out_dir / "chapters" / f"{nb_path.stem}.json"
+    findings_path.unlink(missing_ok=True)
+    for old in (out_dir / "charts").glob(f"{name}--*.svg"):   # no stale charts from an earlier run
+        old.unlink()
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(
+            str(nb_path), str(out_dir / run.notebook), kernel_name=_kernel_name(), language="python",
+            parameters=params | {"findings_path": str(findings_path)},
+            execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
+            log_output=False, request_save_on_cell_execute=False,
+            kernel_manager_class=_kernel_manager_class(socket_dir))
+        run.status = "ok"
+    except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
+        run.status = "error"
+        run.error = _short_error(err)
+    run.elapsed_s = round(time.perf_counter() - t0, 1)
+    found = read_findings(findings_path) if findings_path.exists() else []
+    if run.status == "error":
+        found.append(Finding(id=f"{name}/error", value=None, unit="", verdict="error",
+                             threshold="chapter ran to the end", message=run.error or "error",
+                             fix=f"Open {run.notebook} to see the failing cell.", source="audit"))
+    run.findings = [asdict(f) for f in found]
+    return run
 
 
 def exit_code(summary: dict, fail_on: str | None) -> int:

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from preflight import charts
+from preflight import REPO, charts
 from preflight.findings import FindingSink
 from preflight.profile import Profile, load_profile
 from preflight.records import load_records, make_record, save_record
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
 
@@ -39,7 +38,6 @@ class Chapter:
     quick: bool                    # smallest sizes (tests, smoke runs)
     results_dir: Path | None       # recorded measurements to use instead of measuring
     out_dir: Path | None           # where this run's records go
-    interactive: bool
     _device: object = None
 
     @property
@@ -101,7 +99,7 @@ class Chapter:
 
 def start(name: str, profile_path: str | os.PathLike | None = None, findings_path: str | None = None,
           plan_only: bool = False, results_dir: str | None = None, out_dir: str | None = None,
-          quick: bool | None = None, interactive: bool = True) -> Chapter:
+          quick: bool | None = None) -> Chapter:
     """Load and validate the profile, switch charts to the offline renderer, open the sink."""
     charts.use_offline_renderer()
     profile = load_profile(profile_path or DEFAULT_PROFILE)
@@ -111,5 +109,5 @@ def start(name: str, profile_path: str | os.PathLike | None = None, findings_pat
         name=name, profile=profile, findings=FindingSink(findings_path, name),
         measure=not plan_only and profile.measure, quick=quick,
         results_dir=Path(results_dir) if results_dir else None,
-        out_dir=Path(out_dir) if out_dir else None, interactive=interactive,
+        out_dir=Path(out_dir) if out_dir else None,
     )

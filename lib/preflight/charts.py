@@ -10,10 +10,6 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-VERDICT_COLORS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "info": "#546e7a",
-                  "error": "#6a1b9a"}
-
-
 def use_offline_renderer() -> None:
     alt.renderers.enable("svg")
     alt.data_transformers.disable_max_rows()
@@ -52,8 +48,11 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
 
 
 def scaling_curve_chart(curve: pd.DataFrame, measured: pd.DataFrame | None = None,
-                        stop_rule: float = 0.6) -> alt.LayerChart:
+                        stop_rule: float | None = None) -> alt.LayerChart:
     """Efficiency per stage (no overlap / overlap bounds), measured points, and the stop rule."""
+    from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
+
+    stop_rule = STOP_RULE_EFFICIENCY if stop_rule is None else stop_rule
     df = curve.melt("gpus", value_vars=["efficiency_no_overlap", "efficiency_overlap"],
                     var_name="bound", value_name="value")
     df["bound"] = df["bound"].str.replace("efficiency_", "model, ")
@@ -63,8 +62,8 @@ def scaling_curve_chart(curve: pd.DataFrame, measured: pd.DataFrame | None = Non
                 title="scaling efficiency"),
         color=alt.Color("bound:N", title=None))]
     if measured is not None and len(measured):
-        layers.append(alt.Chart(measured).mark_point(size=90, filled=True, color="black").encode(
-            x="gpus:Q", y="efficiency:Q", tooltip=list(measured.columns)))
+        layers.append(alt.Chart(measured[["gpus", "efficiency_measured"]]).mark_point(
+            size=90, filled=True, color="black").encode(x="gpus:Q", y="efficiency_measured:Q"))
     layers.append(alt.Chart(pd.DataFrame({"y": [stop_rule]})).mark_rule(
         color="#c62828", strokeDash=[4, 3]).encode(y="y:Q"))
     return alt.layer(*layers).properties(width=420, height=260,

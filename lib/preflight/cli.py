@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", help="output folder (default reports/<project>/)")
     a.add_argument("--plan-only", action="store_true", help="formulas only, no live measurement")
     a.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 1,3 (default: all)")
-    a.add_argument("--timeout", type=_timeout, default=600, help="per-cell execution timeout, s (10-86400)")
+    a.add_argument("--timeout", type=_timeout, default=600,  # = audit.DEFAULT_TIMEOUT_S (import-light CLI)
+                   help="per-cell execution timeout, s (10-86400)")
     a.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
     a.add_argument("--results", help="folder of measurement records (JSON) to use instead of measuring")
     a.add_argument("--quick", action="store_true", help="smallest measurement sizes (smoke test)")
@@ -66,12 +67,16 @@ def cmd_audit(args) -> int:
         _die(str(err))
     results = None
     if args.results:
-        results = Path(args.results)
+        results = Path(args.results).resolve()     # notebooks run in playbook/: make it absolute
         if not results.is_dir():
             _die(f"--results = {args.results!r}: not a folder of measurement records")
     out = Path(args.out) if args.out else Path("reports") / profile.project
     if out.exists() and not out.is_dir():
         _die(f"--out = {args.out!r}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _die(f"--out = {str(out)!r}: cannot create the output folder ({err.strerror})")
 
     summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
                               playbook=playbook, plan_only=args.plan_only, results_dir=results,

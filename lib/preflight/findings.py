@@ -41,8 +41,8 @@ class Finding:
             raise ValueError(f"verdict must be one of {list(VERDICT_RANK)}, got {self.verdict!r}")
         if self.value is not None:
             self.value = float(self.value)
-            if not math.isfinite(self.value):
-                self.value = None if math.isnan(self.value) else self.value
+            if not math.isfinite(self.value):    # JSON has no inf/nan: the message says "unbounded"
+                self.value = None
 
 
 def judge(value: float | None, *, warn: float, fail: float, higher_is_better: bool = True,

@@ -21,7 +21,7 @@ class Chip:
     fp32_tflops: float      # plain FP32 (non-tensor-core), TFLOP/s
     tf32_tflops: float | None  # dense TF32 tensor-core, TFLOP/s (None where the chip has no TF32)
     memory_GBps: float      # device memory bandwidth, GB/s
-    memory_GB: float        # device memory, GB
+    memory_GB: float        # device memory as marketed ("80GB" is 80 GiB of HBM; torch reports bytes)
     nvlink_GBps: float | None  # per-GPU scale-up link bandwidth, GB/s, both directions summed
     source: str
 
@@ -36,12 +36,18 @@ class Chip:
 CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("A100-SXM", 312.0, 312.0, 19.5, 156.0, 2039.0, 80.0, 600.0,
          "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"),
+    Chip("A100-SXM-40GB", 312.0, 312.0, 19.5, 156.0, 1555.0, 40.0, 600.0,
+         "NVIDIA A100 Tensor Core GPU datasheet (40GB SXM)"),
     Chip("A100-PCIe", 312.0, 312.0, 19.5, 156.0, 1935.0, 80.0, 600.0,
          "NVIDIA A100 Tensor Core GPU datasheet (80GB PCIe, NVLink bridge)"),
     Chip("H100-SXM", 989.4, 989.4, 66.9, 494.7, 3350.0, 80.0, 900.0,
          "NVIDIA H100 Tensor Core GPU datasheet (SXM5; dense = half the sparse figure)"),
     Chip("H100-PCIe", 756.5, 756.5, 51.2, 378.0, 2000.0, 80.0, 600.0,
          "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+    Chip("H100-NVL", 835.5, 835.5, 60.0, 417.5, 3900.0, 94.0, 600.0,
+         "NVIDIA H100 NVL datasheet (per GPU; NVLink bridge 600 GB/s)"),
+    Chip("H200-NVL", 835.5, 835.5, 60.0, 417.5, 4800.0, 141.0, 900.0,
+         "NVIDIA H200 NVL datasheet (per GPU; 2- or 4-way NVLink bridge)"),
     Chip("H200-SXM", 989.4, 989.4, 66.9, 494.7, 4800.0, 141.0, 900.0,
          "NVIDIA H200 Tensor Core GPU datasheet (SXM; same compute as H100 SXM)"),
     Chip("B200", 2250.0, 2250.0, 75.0, 1125.0, 8000.0, 180.0, 1800.0,
@@ -54,10 +60,13 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
 
 # Device names as drivers report them -> table key. First match wins; order from specific to general.
 _NAME_PATTERNS = [
+    (r"H200.*NVL", "H200-NVL"),
     (r"H200", "H200-SXM"),
+    (r"H100.*NVL", "H100-NVL"),
     (r"H100.*PCIe", "H100-PCIe"),
     (r"H100", "H100-SXM"),
     (r"A100.*PCIe", "A100-PCIe"),
+    (r"A100.*40GB", "A100-SXM-40GB"),
     (r"A100", "A100-SXM"),
     (r"B200", "B200"),
     (r"L40S", "L40S"),

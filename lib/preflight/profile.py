@@ -159,10 +159,18 @@ def parse_profile(data: object, source: str = "<data>") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; ``ProfileError`` on any problem (never a traceback)."""
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise ProfileError(f"profile {p} is a folder; expected a YAML file")
+    if not p.exists():
         raise ProfileError(f"profile file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ProfileError(f"profile {p} cannot be read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"profile {p} is not UTF-8 text: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
         raise ProfileError(f"profile {p} is not readable YAML: {err}") from None
     return parse_profile(data, str(p))

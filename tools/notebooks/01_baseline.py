@@ -39,7 +39,7 @@ from preflight import charts, hardware
 from preflight.models import scaling
 
 ch = start("baseline", profile_path, findings_path or None, plan_only, results_dir or None, out_dir or None,
-           quick=quick, interactive=interactive)
+           quick=quick)
 prof = ch.profile
 print(f"project {prof.project}: {prof.model.params / 1e9:g}B params, {prof.gpus} GPUs "
       f"({prof.cluster.nodes} nodes x {prof.cluster.gpus_per_node} {prof.cluster.gpu}), dp = {prof.dp}")
@@ -148,7 +148,7 @@ if fus and fus.results.get("available"):
         print("note:", note)
 elif fus:
     print("torch.compile not available here:", fus.results.get("reason"))
-B.add_measured_findings(ch.findings, base, fus, gpu_memory_GB=ch.device.memory_GB if ch.device.is_gpu else None)
+B.add_measured_findings(ch.findings, base, fus)
 
 # %% [markdown]
 # ## 5. Amdahl: the serial part sets the ceiling
@@ -217,7 +217,7 @@ elif ch.measure:
 B.add_measured_scaling(ch.findings, stages, stages_source,
                        judged=stages is not None and not str(stages["unit"].iloc[0]).startswith("processes"))
 ch.table(curve)
-ch.show("scaling_curve", charts.scaling_curve_chart(curve))
+ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve["efficiency_measured"].notna()]))
 
 # %% [markdown]
 # ## Findings of this chapter

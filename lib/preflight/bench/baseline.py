@@ -183,6 +183,7 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
             for _ in range(steps):
                 loss = _step(model, opt, batches, cfg, dev, timer)
         peak_alloc = torch.cuda.max_memory_allocated(dev) if gpu else None
+        peak_reserved = torch.cuda.max_memory_reserved(dev) if gpu else None
 
         prof_info, ops = _profile(model, opt, batches, cfg, dev, profile_steps)
         x, y = (t.to(dev) for t in next(batches))
@@ -229,7 +230,7 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
                        "backward (saved_tensors_hooks, unique storages); a lower bound, the CPU has no "
                        "allocator peak counter"),
             "peak_GB": peak_GB, "is_lower_bound": not gpu,
-            "reserved_peak_GB": torch.cuda.max_memory_reserved(dev) / 1e9 if gpu else None,
+            "reserved_peak_GB": peak_reserved / 1e9 if gpu else None,
             "tensor_bytes": tb, "tensor_bytes_GB": est / 1e9},
         "nvml": nv.summary(),
         "final_loss": float(loss),

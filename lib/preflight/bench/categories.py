@@ -126,7 +126,10 @@ def op_table(prof, device):
     claimed = kernels = 0.0
     for evt in prof.events():
         if evt.device_type != DeviceType.CPU:                 # a kernel: also listed under its op
-            kernels += evt.time_range.elapsed_us() if gpu else 0.0
+            # record_function ranges ("forward", "Optimizer.step#...") have a device-side copy that
+            # spans many kernels: not a kernel (torch's own tables skip them too)
+            if gpu and not getattr(evt, "is_user_annotation", False) and not getattr(evt, "is_async", False):
+                kernels += evt.time_range.elapsed_us()
             continue
         us = evt.self_device_time_total if gpu else evt.self_cpu_time_total
         if us > 0:

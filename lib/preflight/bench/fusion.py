@@ -235,10 +235,11 @@ def measure_fusion(device=None, quick: bool = False) -> dict:
     p10, p90 per measurement), ``notes``. Compiled entries are None when ``available`` is False.
     Calls ``torch._dynamo.reset()`` first so repeated calls in one process recompile cleanly.
     """
-    from preflight.device import probe, torch_device
+    from preflight.bench.ceilings import default_device
+    from preflight.device import probe
 
     info = probe()
-    device = torch.device(device) if device is not None else torch_device(info)
+    device = torch.device(device) if device is not None else default_device()   # LOCAL_RANK-aware
     cfg = config_for(device, quick)
     model = make_stack(cfg, device)
     dtype = next(model.parameters()).dtype

@@ -20,6 +20,9 @@ PROFILE_SOURCE = "computed from profile"
 MFU_WARN, MFU_FAIL = 0.40, 0.30
 MEMBOUND_WARN, MEMBOUND_FAIL = 0.25, 0.40
 EFFICIENCY_WARN = 0.80
+MEMORY_WARN, MEMORY_FAIL = 0.85, 0.95      # peak / device memory: fragmentation and spikes need room
+# Amdahl ceiling against the target GPU count N: >= 2N keeps strong-scaling efficiency near 2/3.
+AMDAHL_PASS_FACTOR, AMDAHL_FAIL_FACTOR = 2, 1
 
 
 def serial_parallel(profile: Profile) -> tuple[float, float]:
@@ -39,11 +42,12 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame) 
     ts, tc = serial_parallel(profile)
     n = profile.gpus
     ceiling = scaling.amdahl_ceiling(ts, tc)
-    verdict = "pass" if ceiling >= 2 * n else "warn" if ceiling >= n else "fail"
+    verdict, words = judge(ceiling, warn=AMDAHL_PASS_FACTOR * n, fail=AMDAHL_FAIL_FACTOR * n, fmt="{:g}x")
+    bound = "without bound (no serial part)" if ceiling == float("inf") else f"more than {ceiling:.3g}x faster"
     sink.add(id="baseline/amdahl_max_speedup", value=ceiling, unit="x", verdict=verdict,
-             threshold=f"pass >= {2 * n}x (2 x target GPUs), fail < {n}x (target GPUs)",
+             threshold=f"{words} (x{AMDAHL_PASS_FACTOR} and x{AMDAHL_FAIL_FACTOR} the {n} target GPUs)",
              message=(f"With {ts:g} s serial and {tc:g} s parallel per step, no number of GPUs can run a "
-                      f"fixed workload more than {ceiling:.3g}x faster (Amdahl, 1 + Tc/Ts)."),
+                      f"fixed workload {bound} (Amdahl, 1 + Tc/Ts)."),
              fix="Find the serial points first (data waits, evaluation barriers, logging, sync points) and "
                  "make them parallel or asynchronous before optimising the parallel part.",
              source=PROFILE_SOURCE)
@@ -90,7 +94,7 @@ def _not_measured(sink: FindingSink, fid: str, unit: str, threshold: str, fix: s
 CPU_NOT_JUDGED = "CPU fallback, not judged (thresholds are for GPUs); on a GPU: "
 
 
-def add_measured_findings(sink: FindingSink, base, fusion, gpu_memory_GB: float | None = None,
+def add_measured_findings(sink: FindingSink, base, fusion,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """Findings from the baseline and fusion measurements (``preflight.chapter.Measured`` or None).
 
@@ -119,10 +123,12 @@ def add_measured_findings(sink: FindingSink, base, fusion, gpu_memory_GB: float 
                  source=src)
         mem = r["memory"]
         peak_b = mem["peak_GB"] * 1e9
-        share = peak_b / (gpu_memory_GB * 1e9) if gpu_memory_GB and not mem["is_lower_bound"] else None
-        verdict = "info" if share is None else ("pass" if share < 0.85 else "warn" if share < 0.95 else "fail")
+        dev = (base.record or {}).get("device") or {}      # the device the record was measured on
+        device_GB = dev.get("memory_GB") if dev.get("kind") == "cuda" else None
+        share = peak_b / (device_GB * 1e9) if device_GB and not mem["is_lower_bound"] else None
+        verdict, words = judge(share, warn=MEMORY_WARN, fail=MEMORY_FAIL, higher_is_better=False, fmt="{:.0%}")
         sink.add(id="baseline/peak_memory", value=peak_b, unit="bytes", verdict=verdict,
-                 threshold="pass < 85% of device memory, fail >= 95%",
+                 threshold=f"share of device memory: {words}",
                  message=(f"Peak memory {mem['peak_GB']:.3g} GB" + (f" ({share:.0%} of the device)" if share else "")
                           + f"; method: {mem['method']}."),
                  fix="Peak memory bounds the micro-batch and the parallel plan: measure it before choosing tp/pp.",
@@ -184,5 +190,6 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
              message=(f"Data-parallel (DDP) step time at {int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
                       f"{last['unit']} on this machine: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
                       f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch)."),
-             fix="Record efficiency at every stage (1 -> 8 -> 64 -> 512) and stop when it falls under 60 %.",
+             fix=f"Record efficiency at every stage (1 -> 8 -> 64 -> 512) and stop when it falls under "
+                 f"{STOP_RULE_EFFICIENCY:.0%}.",
              source=source)

@@ -18,7 +18,7 @@ and serial overhead before buying scale.
 from __future__ import annotations
 
 from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
-from preflight.models.comm import allreduce_bytes_per_rank, gbps_to_GBps, ring_allreduce_time
+from preflight.models.comm import BYTES_PER_ELEMENT, gbps_to_GBps, ring_allreduce_time
 
 STOP_RULE_EFFICIENCY = 0.60     # the staged method's stop rule (pitfalls brief section 1)
 BACKWARD_SHARE = 2.0 / 3.0      # backward ~ 2x forward: the part of compute that can hide an all-reduce
@@ -40,7 +40,7 @@ def comm_time(n_gpus: int, *, params: float, grad_dtype: str, tp: int, pp: int,
     dp = max(1, n_gpus // (tp * pp))
     if dp == 1:
         return 0.0
-    buffer = allreduce_bytes_per_rank(params, dp, grad_dtype, tp, pp) / (2 * (dp - 1) / dp)
+    buffer = params / (tp * pp) * BYTES_PER_ELEMENT[grad_dtype]     # gradient bytes per rank
     if n_gpus <= gpus_per_node:
         return ring_allreduce_time(buffer, dp, intra_node_GBps, INTRA_NODE_LATENCY_S)
     return ring_allreduce_time(buffer, dp, gbps_to_GBps(inter_node_Gbps), INTER_NODE_LATENCY_S)

@@ -36,11 +36,6 @@ def amdahl_ceiling(ts: float, tc: float) -> float:
     return float("inf") if ts == 0 else 1.0 + tc / ts
 
 
-def amdahl_efficiency(ts: float, tc: float, n: float) -> float:
-    """Parallel efficiency ``S(N) / N``."""
-    return amdahl_speedup(ts, tc, n) / n
-
-
 def serial_fraction(ts: float, tc: float) -> float:
     _check(ts, tc)
     return ts / (ts + tc)
