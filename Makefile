@@ -9,14 +9,15 @@ PYTEST_ARGS ?= -q -rs
 WHEEL_PY ?= 3.11
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
 WHEELHOUSE ?= wheelhouse
+# Extra pip options, e.g. offline: PIP_OPTS="--no-index --find-links wheelhouse"
+PIP_OPTS ?=
 
 .PHONY: setup report plan test lab wheelhouse clean
 
 # Installed once; re-run only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet $(PIP_OPTS) -e '.[test]'
 	$(PY) -m ipykernel install --sys-prefix --name preflight --display-name "Python (preflight)" > /dev/null
 	touch $@
 
@@ -47,7 +48,7 @@ wheelhouse:
 	$(PYTHON) -m pip download --only-binary=:all: --python-version $(WHEEL_PY) --implementation cp \
 	  --platform $(WHEEL_PLATFORM) --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
-	@echo "wheels in $(WHEELHOUSE)/. Offline: python3 -m venv .venv && .venv/bin/pip install --no-index --find-links $(WHEELHOUSE) -e '.[test]'"
+	@echo "wheels in $(WHEELHOUSE)/. Offline: make report PIP_OPTS=\"--no-index --find-links $(WHEELHOUSE)\""
 
 clean:
 	rm -rf $(VENV) reports build lib/*.egg-info
