@@ -1,5 +1,4 @@
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,7 +21,3 @@ def run_cli(*args, cwd=None, timeout=900):
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".pytest_cache" / "inductor"))
     return subprocess.run([sys.executable, "-m", "preflight", *map(str, args)], cwd=cwd or REPO,
                           capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def has_chromium() -> bool:
-    return shutil.which("chromium") is not None

@@ -67,7 +67,7 @@ def record(tmp_path_factory):
 def test_record_and_speedup(record):
     assert record["method"] == "fusion" and record["method_version"] == 1
     r = record["results"]
-    json.dumps(r, allow_nan=True)
+    json.dumps(r, allow_nan=False)     # strict JSON: no NaN or inf in a record
     if shutil.which("g++") or shutil.which("clang++"):
         assert r["available"], r["reason"]
     if not r["available"]:
