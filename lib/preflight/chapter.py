@@ -77,6 +77,12 @@ class Chapter:
 
         display(HTML(df.to_html(index=False, float_format=lambda x: f"{x:.4g}", **fmt)))
 
+    def note(self, text: str) -> None:
+        """A remark in the chapter's prose (Markdown), e.g. what a CPU measurement can and cannot show."""
+        from IPython.display import Markdown, display
+
+        display(Markdown(f"> **Note.** {text}"))
+
     def measurement(self, method: str, run: Callable[[], dict], version: int = 1) -> Measured | None:
         """A recorded result of ``method`` from ``results_dir`` if there is one, else a live
         measurement (recorded under ``out_dir/records``) when measuring is allowed, else None."""

@@ -91,7 +91,9 @@ base = ch.measurement("baseline", lambda: bench_baseline.measure_baseline(ch.tor
 if base:
     r = base.results
     print(base.source)
-    ch.table(bench_baseline.composition_frame(r))
+    comp = bench_baseline.composition_frame(r)
+    ch.table(pd.DataFrame({"phase": comp["phase"], "ms per step": comp["seconds"] * 1e3,
+                           "share": comp["share"].map("{:.1%}".format)}))
     ch.show("step_composition", charts.share_bar(bench_baseline.composition_frame(r), "phase",
                                                  title="Step-time composition (median step)"))
     if r["categories"]:
@@ -142,10 +144,13 @@ if fus and fus.results.get("available"):
     ch.show("fusion", charts.bars(pd.DataFrame({
         "version": ["eager", "torch.compile"],
         "ms per fwd+bwd": [fr["eager_fwd_bwd_s"] * 1e3, fr["compiled_fwd_bwd_s"] * 1e3]}),
-        "ms per fwd+bwd", "version", title=f"Fusion: {fr['speedup_fwd_bwd']:.2f}x faster ({fus.source})"))
-    ch.table(bench_fusion.categories_frame(fr))
+        "ms per fwd+bwd", "version", title=f"torch.compile speedup {fr['speedup_fwd_bwd']:.2f}x ({fus.source})"))
+    cats = bench_fusion.categories_frame(fr).pivot(index="category", columns="version", values="share")
+    cats = cats.reindex(columns=["eager", "compiled"]).rename_axis(columns=None)
+    print("Share of profiled op time by category:")
+    ch.table(cats[(cats > 0).any(axis=1)].map("{:.1%}".format).reset_index())
     for note in fr.get("notes", []):
-        print("note:", note)
+        ch.note(note)
 elif fus:
     print("torch.compile not available here:", fus.results.get("reason"))
 B.add_measured_findings(ch.findings, base, fus)
