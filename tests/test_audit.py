@@ -32,6 +32,17 @@ def _assert_offline(out):
         assert "<script" not in text.lower(), page.name
 
 
+def _one_cell_playbook(book, filename: str, title: str, code: str) -> None:
+    """A minimal chapter notebook (title, papermill parameters cell, one code cell) in ``book``."""
+    book.mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell("profile_path = findings_path = results_dir = out_dir = ''\n"
+                                  "plan_only = quick = interactive = False")
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}"), p, nbformat.v4.new_code_cell(code)]
+    nbformat.write(nb, book / filename)
+
+
 def test_external_refs_detector():
     assert external_refs('<script src="https://cdn.x/vega.js"></script>') == ["https://cdn.x/vega.js"]
     assert external_refs("<link href='//cdn.x/a.css'>") == ["//cdn.x/a.css"]
@@ -135,15 +146,9 @@ def test_recorded_scaling_points_are_used(tmp_path):
 
 def test_failing_chapter_still_yields_the_rest(tmp_path):
     book = tmp_path / "playbook"
-    book.mkdir()
+    _one_cell_playbook(book, "02_broken.ipynb", "Broken chapter",
+                       "raise RuntimeError('deliberate failure for the test')")
     shutil.copy(REPO / "playbook" / "01_baseline.ipynb", book)
-    nb = nbformat.v4.new_notebook()
-    p = nbformat.v4.new_code_cell("profile_path = findings_path = results_dir = out_dir = ''\n"
-                                  "plan_only = quick = interactive = False")
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# Broken chapter"), p,
-                nbformat.v4.new_code_cell("raise RuntimeError('deliberate failure for the test')")]
-    nbformat.write(nb, book / "02_broken.ipynb")
     out = tmp_path / "o"
     r = run_cli("audit", EXAMPLE, "--out", out, "--plan-only", "--playbook", book)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -185,14 +190,7 @@ def test_relative_results_path_and_no_stale_charts(tmp_path):
 
 def test_cell_timeout_marks_the_chapter_error(tmp_path):
     book = tmp_path / "playbook"
-    book.mkdir()
-    nb = nbformat.v4.new_notebook()
-    p = nbformat.v4.new_code_cell("profile_path = findings_path = results_dir = out_dir = ''\n"
-                                  "plan_only = quick = interactive = False")
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# Slow chapter"), p,
-                nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
-    nbformat.write(nb, book / "01_slow.ipynb")
+    _one_cell_playbook(book, "01_slow.ipynb", "Slow chapter", "import time\ntime.sleep(60)")
     r = run_cli("audit", EXAMPLE, "--out", tmp_path / "o", "--plan-only", "--playbook", book, "--timeout", "10")
     assert r.returncode == 1, r.stdout + r.stderr
     ch = _summary(tmp_path / "o")["chapters"][0]

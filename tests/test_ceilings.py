@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from preflight import device
 from preflight.bench import ceilings
 from preflight.records import load_records
 
@@ -70,13 +71,13 @@ def test_h2d_does_not_apply_on_cpu():
 def test_launch_rank_reads_torchrun_then_slurm(monkeypatch):
     for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "SLURM_LOCALID"):
         monkeypatch.delenv(var, raising=False)
-    assert ceilings.launch_rank() is None and ceilings.local_rank() == 0
+    assert device.launch_rank() is None and device.local_rank() == 0
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert ceilings.launch_rank() == 5 and ceilings.local_rank() == 1
+    assert device.launch_rank() == 5 and device.local_rank() == 1
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert ceilings.launch_rank() == 2 and ceilings.local_rank() == 0
+    assert device.launch_rank() == 2 and device.local_rank() == 0
 
 
 def test_cli_writes_one_record_per_rank(tmp_path, monkeypatch, capsys):

@@ -92,7 +92,53 @@ def probe() -> DeviceInfo:
 
 
 def torch_device(info: DeviceInfo | None = None):
+    """The torch device of this process (its local rank's GPU under torchrun / srun)."""
     import torch
 
     info = info or probe()
-    return torch.device("cuda:0" if info.is_gpu else "cpu")
+    return default_device() if info.is_gpu else torch.device("cpu")
+
+
+# --- which device am I: launcher environment -------------------------------------------------------
+def launch_rank() -> int | None:
+    """Global rank from the launcher (torchrun: ``RANK``; srun: ``SLURM_PROCID``), None when alone."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
+def local_rank() -> int:
+    """Rank inside this node (torchrun: ``LOCAL_RANK``; srun: ``SLURM_LOCALID``), 0 when alone."""
+    for var in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def default_device():
+    """This process's device: its local rank's GPU, or the CPU when there is no GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def on_device(device):
+    """Make ``device`` the current CUDA device for the block (CUDA events record on the *current*
+    device's stream, so timing ``cuda:1`` while ``cuda:0`` is current would time the wrong GPU)."""
+    import contextlib
+
+    import torch
+
+    dev = torch.device(device)
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+
+
+def device_name(device) -> str | None:
+    """Driver name of a GPU (e.g. 'NVIDIA H200'), None for the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, Dataset
 from preflight import hardware
 from preflight.bench import reference as ref
 from preflight.bench.categories import category_table, op_table, profiler_log_filtered
-from preflight.bench.ceilings import default_device, device_name, launch_rank, matmul_rate, on_device
+from preflight.bench.ceilings import matmul_rate
+from preflight.device import default_device, device_name, launch_rank, on_device
 from preflight.bench.nvml import NvmlSampler
 from preflight.models.flops import mfu, train_flops_per_token
 from preflight.timing import StepTimer, synchronize

@@ -94,7 +94,8 @@ def categorize(op_name: str) -> str:
     return "other"
 
 
-_CONTEXT = ("data", "optimizer", "communication", "attention")
+# Categories a name makes certain, whatever the op computes (a phase, or attention as a whole).
+CONTEXT_CATEGORIES = ("data", "optimizer", "communication", "attention")
 
 
 def event_category(evt) -> str:
@@ -104,7 +105,7 @@ def event_category(evt) -> str:
     takes that of its nearest categorised caller (``aten::t`` inside ``aten::linear`` is matmul)."""
     outer, p = None, evt.cpu_parent
     while p is not None:
-        if categorize(p.name) in _CONTEXT:
+        if categorize(p.name) in CONTEXT_CATEGORIES:
             outer = categorize(p.name)
         p = p.cpu_parent
     if outer:

@@ -18,53 +18,16 @@ and writes its own record, ``ceilings-rank<RANK>.json``: one slow GPU in a node 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
 import torch
 
 from preflight import hardware
+from preflight.device import default_device, device_name, launch_rank, local_rank, on_device
 from preflight.timing import time_fn
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-
-
-# ----------------------------------------------------------------------------------------- helpers
-def launch_rank() -> int | None:
-    """Global rank from the launcher (torchrun: ``RANK``; srun: ``SLURM_PROCID``), None when alone."""
-    for var in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
-
-
-def local_rank() -> int:
-    """Rank inside this node (torchrun: ``LOCAL_RANK``; srun: ``SLURM_LOCALID``), 0 when alone."""
-    for var in ("LOCAL_RANK", "SLURM_LOCALID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
-def default_device() -> torch.device:
-    """This process's device: its local rank's GPU, or the CPU when there is no GPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank() % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
-def on_device(device):
-    """Make ``device`` the current CUDA device for the block (CUDA events record on the *current*
-    device's stream, so timing ``cuda:1`` while ``cuda:0`` is current would time the wrong GPU)."""
-    dev = torch.device(device)
-    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
-
-
-def device_name(device) -> str | None:
-    """Driver name of a GPU (e.g. 'NVIDIA H200'), None for the CPU."""
-    dev = torch.device(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
 
 
 def _dtype_name(dtype) -> str:

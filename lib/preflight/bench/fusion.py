@@ -60,6 +60,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from preflight.bench.categories import (CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table,
+                                        profiler_log_filtered)
 from preflight.timing import summarize, synchronize, time_fn
 
 METHOD, METHOD_VERSION = "fusion", 1
@@ -118,7 +120,6 @@ def make_stack(cfg: FusionConfig, device) -> nn.Sequential:
 # "triton_poi_fused_addmm_gelu_0" is the bias add + GELU epilogue of a library matmul, pointwise work.
 _GENERATED = re.compile(r"^(triton_|cpp_fused|## call compiledfxgraph)", re.IGNORECASE)
 _TEMPLATE = re.compile(r"^triton_tem_", re.IGNORECASE)
-_KEEP = ("communication", "data", "optimizer", "attention")   # phases/kinds the name already tells
 
 
 def op_category(name: str, base: str | None = None) -> str:
@@ -131,10 +132,8 @@ def op_category(name: str, base: str | None = None) -> str:
     the compile wrappers included (their self time is host overhead: 'other'), keeps ``base``.
     """
     if base is None:
-        from preflight.bench.categories import categorize
-
         base = categorize(name)
-    if _GENERATED.search(name) and base not in _KEEP:
+    if _GENERATED.search(name) and base not in CONTEXT_CATEGORIES:
         return "matmul" if _TEMPLATE.search(name) else "memory_bound"
     return base
 
@@ -146,8 +145,6 @@ def category_breakdown(prof, device, steps: int) -> dict:
     events never count twice; host time on the CPU, kernel time on a GPU), re-labelled for compiled
     code by ``op_category``, so these figures compare directly with the single-device baseline's.
     """
-    from preflight.bench.categories import CATEGORIES, op_table
-
     ops = op_table(prof, device)
     ops["category"] = [op_category(o, c) for o, c in zip(ops["op"], ops["category"])]
     ops["time_s"] = ops["time_s"] / steps
@@ -165,8 +162,6 @@ def category_breakdown(prof, device, steps: int) -> dict:
 def profile_categories(fn, device, steps: int) -> dict:
     """Run ``fn`` ``steps`` times under ``torch.profiler`` (after one warm call); ``category_breakdown``."""
     from torch.profiler import ProfilerActivity, profile
-
-    from preflight.bench.categories import profiler_log_filtered
 
     acts = [ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
@@ -235,7 +230,7 @@ def measure_fusion(device=None, quick: bool = False) -> dict:
     p10, p90 per measurement), ``notes``. Compiled entries are None when ``available`` is False.
     Calls ``torch._dynamo.reset()`` first so repeated calls in one process recompile cleanly.
     """
-    from preflight.bench.ceilings import default_device
+    from preflight.device import default_device
     from preflight.device import probe
 
     info = probe()
