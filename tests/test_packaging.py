@@ -66,3 +66,27 @@ def test_slurm_templates_are_valid_bash():
     for p in (REPO / "slurm").glob("*.sbatch"):
         r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+
+
+def test_notebooks_match_their_sources(tmp_path):
+    """playbook/*.ipynb are generated from tools/notebooks/*.py (one home for the chapter text)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import nbgen
+
+    sources = sorted((REPO / "tools" / "notebooks").glob("*.py"))
+    assert sources
+    for src in sources:
+        nbgen.build(src, tmp_path / (src.stem + ".ipynb"))
+        committed = REPO / "playbook" / (src.stem + ".ipynb")
+        assert (tmp_path / committed.name).read_text() == committed.read_text(), \
+            f"{committed.name} differs from {src.name}: run `python tools/nbgen.py`"
+
+
+def test_device_probe_labels_the_cpu_fallback():
+    from preflight.device import probe
+
+    d = probe()
+    if d.kind == "cpu":
+        assert d.label.endswith("(CPU fallback)") and d.notes and d.count >= 1

@@ -84,11 +84,14 @@ def probe() -> DeviceInfo:
             capability=f"{props.major}.{props.minor}",
             table_key=(hardware.lookup(name).name if hardware.lookup(name) else None),
         )
-    return DeviceInfo(
-        kind="cpu", name=_cpu_name(), count=len(os.sched_getaffinity(0)), memory_GB=_host_memory_GB(),
-        torch=torch.__version__, notes=["no accelerator found: measurements run on the CPU and are "
-                                        "labelled as such; GPU-only parts are shown as not available"],
-    )
+    notes = ["no CUDA/ROCm device found: measurements run on the CPU and are labelled as such; "
+             "GPU-only parts are shown as not available"]
+    for kind in ("xpu", "mps"):      # other accelerators torch knows; not measured by Preflight yet
+        backend = getattr(torch, kind, None)
+        if backend is not None and getattr(backend, "is_available", lambda: False)():
+            notes.append(f"a torch '{kind}' device is present but not supported yet: the CPU is measured")
+    return DeviceInfo(kind="cpu", name=_cpu_name(), count=len(os.sched_getaffinity(0)),
+                      memory_GB=_host_memory_GB(), torch=torch.__version__, notes=notes)
 
 
 def torch_device(info: DeviceInfo | None = None):
