@@ -8,7 +8,6 @@ are inline SVG, styles are inline, and every string that came from the user is e
 from __future__ import annotations
 
 import html
-import json
 import re
 from pathlib import Path
 
@@ -154,10 +153,6 @@ def write_report(summary: dict, out_dir: Path) -> Path:
     index = out_dir / "index.html"
     index.write_text(index_html(summary, out_dir))
     return index
-
-
-def load_summary(out_dir: Path) -> dict:
-    return json.loads((out_dir / "findings.json").read_text())
 
 
 _REF = re.compile(r"""(?:src|href|xlink:href)\s*=\s*["']?\s*((?:https?:)?//[^"'\s>]+)|url\(\s*["']?((?:https?:)?//[^)"']+)""",
