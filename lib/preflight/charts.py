@@ -84,3 +84,39 @@ def bars(df: pd.DataFrame, x: str, y: str, title: str = "", fmt: str = ".3g") ->
     base = alt.Chart(df).encode(y=alt.Y(f"{y}:N", title=None, sort=None), x=alt.X(f"{x}:Q"))
     return (base.mark_bar() + base.mark_text(align="left", dx=3).encode(
         text=alt.Text(f"{x}:Q", format=fmt))).properties(width=380, height=30 * max(2, len(df)), title=title)
+
+
+def headroom_bars(df: pd.DataFrame, label: str, value: str = "headroom", rule: float = 1.2,
+                  title: str = "") -> alt.LayerChart:
+    """Horizontal bars of supply/consumption on a log axis, the ``rule`` (1.2x) as a red line."""
+    base = alt.Chart(df).encode(
+        y=alt.Y(f"{label}:N", title=None, sort=None),
+        x=alt.X(f"{value}:Q", scale=alt.Scale(type="log"), title="supply / consumption"))
+    bars_ = base.mark_bar().encode(color=alt.Color("verdict:N", scale=alt.Scale(
+        domain=["pass", "warn", "fail"], range=["#2e7d32", "#f9a825", "#c62828"]), title=None))
+    text = base.mark_text(align="left", dx=3).encode(text=alt.Text(f"{value}:Q", format=".3g"))
+    line = alt.Chart(pd.DataFrame({"x": [rule]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(x="x:Q")
+    return alt.layer(bars_, text, line).properties(width=380, height=26 * max(2, len(df)), title=title)
+
+
+def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
+    """Per-step data wait (ms) and prefetch queue depth of loader runs (column ``run``)."""
+    wait = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("step:Q"), y=alt.Y("wait_ms:Q", title="data wait (ms)"), color=alt.Color("run:N", title=None))
+    depth = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("step:Q"), y=alt.Y("queue_depth:Q", title="queue depth"), color=alt.Color("run:N", title=None))
+    return alt.vconcat(wait.properties(width=420, height=140, title=title), depth.properties(width=420, height=90))
+
+
+def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
+           log_y: bool = True, title: str = "", y_format: str | None = None) -> alt.LayerChart:
+    """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``."""
+    sx = alt.Scale(type="log") if log_x else alt.Scale()
+    sy = alt.Scale(type="log") if log_y else alt.Scale()
+    axis = alt.Axis(format=y_format) if y_format else alt.Axis()
+    layers = [alt.Chart(df).mark_line().encode(x=alt.X(f"{x}:Q", scale=sx), y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
+                                               color=alt.Color(f"{color}:N", title=None))]
+    if mark_x is not None:
+        layers.append(alt.Chart(pd.DataFrame({"x": [mark_x]})).mark_rule(color="#546e7a", strokeDash=[2, 2])
+                      .encode(x="x:Q"))
+    return alt.layer(*layers).properties(width=420, height=240, title=title)
