@@ -13,6 +13,8 @@ from preflight.report import external_refs
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
            "baseline/fusion_speedup", "baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
            "baseline/scaling_efficiency_at_target"}
+CH2_IDS = {"data/small_file_slowdown", "data/listing_s_at_profile", "data/headroom", "data/headroom_default",
+           "data/best_loader_setting", "data/h2d_pinned_speedup", "data/instrumentation_overhead"}
 
 
 def _summary(out):
@@ -71,6 +73,11 @@ def test_plan_only_audit(tmp_path):
     assert eff["value"] < 0.30 and eff["verdict"] == "fail" and eff["source"] == "computed from profile"
     # measured findings are present but not measured in plan-only mode
     assert f["baseline/mfu"]["value"] is None and f["baseline/mfu"]["verdict"] == "info"
+    # chapter 2 still gives the listing estimate from the profile: 10 M files x 0.5 ms on Lustre
+    assert CH2_IDS <= set(f)
+    assert f["data/listing_s_at_profile"]["value"] == pytest.approx(5000.0)
+    assert f["data/listing_s_at_profile"]["verdict"] == "fail"
+    assert f["data/headroom"]["value"] is None
     assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
     index = (out / "index.html").read_text()
     assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
@@ -99,8 +106,15 @@ def test_measure_mode_audit_quick(tmp_path):
     assert 0 < f["baseline/memory_bound_share"]["value"] < 1
     # on a CPU the datasheet peak is unknown: MFU is left empty, not guessed
     assert f["baseline/mfu"]["value"] is None and "unknown peak" in f["baseline/mfu"]["message"]
+    # chapter 2: shards beat small files, workers beat in-process loading, the monitor is cheap
+    assert CH2_IDS <= set(f)
+    assert f["data/small_file_slowdown"]["value"] > 1
+    assert f["data/headroom"]["value"] > 0 and "emulated device" in f["data/headroom"]["source"]
+    assert f["data/best_loader_setting"]["value"] >= 1
+    assert f["data/instrumentation_overhead"]["value"] < 0.01
+    assert f["data/h2d_pinned_speedup"]["value"] is None          # no copy on a CPU
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
-    assert {"ceilings", "baseline", "fusion"} <= recs
+    assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead"} <= recs
     _assert_offline(out)
 
 
@@ -168,7 +182,8 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
-                "baseline/measured_scaling_efficiency"):
+                "baseline/measured_scaling_efficiency", "data/small_file_slowdown", "data/headroom",
+                "data/headroom_default", "data/instrumentation_overhead"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 

@@ -1,0 +1,303 @@
+"""Chapter 2 measurements: the same samples as small files and as shards, and each break point of
+the chain storage -> preprocessing -> batch assembly -> host-to-device copy, against what the device
+consumes.
+
+Each function returns plain dicts (JSON records); ``preflight.chapters.data_pipeline`` turns them into
+tables and findings. Runnable alone: ``python -m preflight.bench.datapipe --work DIR``.
+
+Cold reads: the page cache is emptied for the files with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (no
+root needed; works for clean pages, hence the ``os.sync`` after writing). The kernel's dentry/inode
+caches cannot be dropped without root, so a "cold" listing here still finds the metadata cached: on a
+local disk it is a lower bound, and the listing on a parallel file system comes from the latency table
+(``preflight.models.data``) or from a run of this module on the cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from preflight.bench import samples as S
+
+METHOD_VERSION = 1
+
+
+# ---------------------------------------------------------------- the two layouts of one dataset
+def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0) -> dict:
+    """Small files under ``work/small`` and the same samples as shards under ``work/shards``.
+
+    Reused when ``work/dataset.json`` says they were made with the same parameters (the first run
+    pays for writing tens of thousands of files: that cost is itself a small-file lesson)."""
+    from preflight import shards
+
+    work = Path(work)
+    stamp = work / "dataset.json"
+    want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": METHOD_VERSION}
+    if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
+        return json.loads(stamp.read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    for sub in ("small", "shards"):
+        _rmtree(work / sub)
+    t = time.perf_counter()
+    made = S.write_small_files(work / "small", files, seed=seed)
+    write_s = time.perf_counter() - t
+    conv = shards.convert(work / "small", work / "shards", shard_bytes, force=True)
+    os.sync()
+    info = {"params": want, "small": str(work / "small"), "shards": str(work / "shards"),
+            "bytes": made["bytes"], "write_small_files_s": write_s, "convert_s": conv["seconds"],
+            "shard_count": conv["shards"]}
+    stamp.write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _rmtree(p: Path) -> None:
+    import shutil
+
+    if p.exists():
+        shutil.rmtree(p)
+
+
+def layout_files(root: str | os.PathLike, layout: str) -> list[str]:
+    """The data files of a layout, sorted: every sample file, or every shard."""
+    pattern = "*.tar" if layout == "shards" else "*.*"
+    return sorted(str(p) for p in Path(root).rglob(pattern) if p.is_file() and p.name != "manifest.json")
+
+
+# ---------------------------------------------------------------- storage: listing and reading
+def evict(paths: list[str]) -> None:
+    """Drop the files' pages from the page cache (clean pages only; no root needed)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def list_tree(root: str | os.PathLike) -> tuple[int, float]:
+    """Walk ``root`` and stat every file, as a dataset index is built at start-up: (files, seconds)."""
+    t = time.perf_counter()
+    n = 0
+    for d, _dirs, names in os.walk(root):
+        for name in names:
+            os.stat(os.path.join(d, name))
+            n += 1
+    return n, time.perf_counter() - t
+
+
+def read_all(paths: list[str], chunk: int = 1 << 20) -> tuple[int, float]:
+    """Read every file completely, in order: (bytes, seconds)."""
+    t = time.perf_counter()
+    total = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                b = f.read(chunk)
+                if not b:
+                    break
+                total += len(b)
+    return total, time.perf_counter() - t
+
+
+def measure_storage(small_dir: str, shard_dir: str, samples: int, repeats: int = 3) -> dict:
+    """Listing and full-read time of both layouts, cold (page cache evicted) and warm (median)."""
+    out = {}
+    for layout, root in (("small_files", small_dir), ("shards", shard_dir)):
+        paths = layout_files(root, layout)
+        read_all(paths)                                      # touch once: warm is warm
+        cold_list, cold_read, warm_list, warm_read = [], [], [], []
+        for _ in range(repeats):
+            evict(paths)
+            cold_list.append(list_tree(root)[1])
+            evict(paths)
+            nbytes, s = read_all(paths)
+            cold_read.append(s)
+            warm_list.append(list_tree(root)[1])
+            warm_read.append(read_all(paths)[1])
+        med = lambda xs: float(np.median(xs))  # noqa: E731
+        out[layout] = {"files": len(paths), "bytes": nbytes, "samples": samples,
+                       "list_cold_s": med(cold_list), "list_warm_s": med(warm_list),
+                       "read_cold_s": med(cold_read), "read_warm_s": med(warm_read),
+                       "read_cold_MBps": nbytes / med(cold_read) / 1e6,
+                       "read_warm_MBps": nbytes / med(warm_read) / 1e6,
+                       "read_cold_samples_per_s": samples / med(cold_read),
+                       "read_warm_samples_per_s": samples / med(warm_read),
+                       "stat_per_file_s": med(warm_list) / max(1, len(paths))}
+    sf, sh = out["small_files"], out["shards"]
+    out["slowdown_read_cold"] = sf["read_cold_s"] / sh["read_cold_s"]
+    out["slowdown_read_warm"] = sf["read_warm_s"] / sh["read_warm_s"]
+    out["slowdown_list_warm"] = sf["list_warm_s"] / sh["list_warm_s"]
+    out["filesystem"] = filesystem_of(small_dir)
+    return out
+
+
+def filesystem_of(path: str) -> str:
+    """The file-system type holding ``path`` (from /proc/mounts; 'unknown' elsewhere)."""
+    best, fstype = "", "unknown"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _dev, mnt, typ, *_ = line.split()
+            if str(Path(path).resolve()).startswith(mnt) and len(mnt) > len(best):
+                best, fstype = mnt, typ
+    except OSError:
+        pass
+    return fstype
+
+
+# ---------------------------------------------------------------- CPU preprocessing, batch assembly
+_RNG: dict[int, np.random.Generator] = {}
+
+
+def _process_rng() -> np.random.Generator:
+    """One generator per process, seeded from torch's seed: in a DataLoader worker that is
+    base_seed + worker_id, so workers draw different augmentations (a forked copy would repeat them)."""
+    pid = os.getpid()
+    if pid not in _RNG:
+        import torch
+
+        _RNG[pid] = np.random.default_rng(torch.initial_seed() % 2**63)
+    return _RNG[pid]
+
+
+def transform(sample: dict, rng: np.random.Generator | None = None):
+    """The worker-side transform of one webdataset sample: (image tensor, label)."""
+    return S.decode_augment(sample[S.FIELD], rng or _process_rng()), S.label_of(sample["__key__"])
+
+
+def preprocessing_rate(shard_dir: str, samples: int = 2000) -> dict:
+    """Samples/s of decode + augment on ONE core (one loader worker), from warm shards."""
+    import torch
+
+    from preflight import shards
+
+    payloads = []
+    for s in shards.shard_pipeline(shard_dir):
+        payloads.append(s)
+        if len(payloads) >= samples:
+            break
+    rng = np.random.default_rng(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                     # a loader worker runs one thread
+    try:
+        for s in payloads[:100]:
+            transform(s, rng)                      # warm-up
+        t = time.perf_counter()
+        for s in payloads:
+            transform(s, rng)
+        dt = time.perf_counter() - t
+    finally:
+        torch.set_num_threads(threads)
+    return {"samples": len(payloads), "seconds": dt, "per_worker_samples_per_s": len(payloads) / dt,
+            "per_sample_us": dt / len(payloads) * 1e6}
+
+
+def batch_assembly(small_dir: str, shard_dir: str, samples: int, buffer: int = 1000, seed: int = 0) -> dict:
+    """Read rate (samples/s, no decode) of the two ways to shuffle, from a cold page cache:
+
+    - global shuffle: a random permutation over all small files (random access, one open per sample);
+    - buffer shuffle: shards read sequentially through a ``buffer``-sample shuffle buffer (webdataset)."""
+    from preflight import shards
+
+    small = layout_files(small_dir, "small_files")
+    order = np.random.default_rng(seed).permutation(len(small))
+    evict(small)
+    t = time.perf_counter()
+    for i in order:
+        with open(small[i], "rb") as f:
+            f.read()
+    global_s = time.perf_counter() - t
+
+    evict(layout_files(shard_dir, "shards"))
+    t = time.perf_counter()
+    n = sum(1 for _ in shards.shard_pipeline(shard_dir, shuffle_buffer=buffer, seed=seed))
+    buffer_s = time.perf_counter() - t
+    return {"samples": samples, "buffer": buffer,
+            "global_shuffle_samples_per_s": len(small) / global_s,
+            "buffer_shuffle_samples_per_s": n / buffer_s}
+
+
+# ---------------------------------------------------------------- what the device consumes
+def consumer_model():
+    """A small CNN on the 56x56 crops: the training step the loader must feed."""
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, S.CLASSES))
+
+
+def consume_rate(device, batch: int) -> dict:
+    """Median time of one real training step (forward, backward, SGD) on ``device`` for ``batch``
+    images already on the device: the rate the pipeline has to supply."""
+    import torch
+
+    from preflight.timing import time_fn
+
+    dev = torch.device(device)
+    model = consumer_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, 3, S.CROP, S.CROP, device=dev)
+    y = torch.randint(0, S.CLASSES, (batch,), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    t = time_fn(step, device=dev, warmup=3, repeats=15)
+    return {"batch": batch, "step_s": t.median_s, "step_p90_s": t.p90_s,
+            "samples_per_s": batch / t.median_s, "device": str(dev)}
+
+
+def h2d_copy(device, batch: int, repeats: int = 20) -> dict:
+    """Host-to-device copy of one batch: pageable + blocking vs pinned + non_blocking (GPU only)."""
+    import torch
+
+    from preflight.timing import time_fn
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"available": False, "reason": "no host-to-device copy on the CPU (the data is already there)"}
+    pageable = torch.randn(batch, 3, S.CROP, S.CROP)
+    pinned = pageable.pin_memory()
+    pg = time_fn(lambda: pageable.to(dev), device=dev, warmup=3, repeats=repeats)
+    pn = time_fn(lambda: pinned.to(dev, non_blocking=True), device=dev, warmup=3, repeats=repeats)
+    nbytes = pageable.numel() * pageable.element_size()
+    return {"available": True, "bytes": nbytes, "pageable_s": pg.median_s, "pinned_s": pn.median_s,
+            "pageable_GBps": nbytes / pg.median_s / 1e9, "pinned_GBps": nbytes / pn.median_s / 1e9,
+            "pinned_speedup": pg.median_s / pn.median_s}
+
+
+def main(argv=None) -> None:
+    from preflight import device as D
+    from preflight.records import make_record, save_record
+    from preflight.shards import parse_size
+
+    ap = argparse.ArgumentParser(description="Small files vs shards, and the break points, on this machine.")
+    ap.add_argument("--work", required=True, help="scratch folder on the storage to test")
+    ap.add_argument("--files", type=int, default=20_000)
+    ap.add_argument("--shard-size", default="8MB")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--out", help="folder for the JSON record")
+    a = ap.parse_args(argv)
+    info = prepare(a.work, a.files, parse_size(a.shard_size))
+    dev = D.torch_device(D.probe())
+    res = {"dataset": info, "storage": measure_storage(info["small"], info["shards"], a.files),
+           "preprocessing": preprocessing_rate(info["shards"]),
+           "assembly": batch_assembly(info["small"], info["shards"], a.files),
+           "consume": consume_rate(dev, a.batch), "h2d": h2d_copy(dev, a.batch)}
+    rec = make_record("datapipe", METHOD_VERSION, vars(a), res, D.probe().as_dict())
+    print(json.dumps(res, indent=1))
+    if a.out:
+        print(save_record(rec, a.out))
+
+
+if __name__ == "__main__":
+    main()

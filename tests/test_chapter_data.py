@@ -1,0 +1,76 @@
+"""Chapter 2 findings replayed from real records of a quick CPU run (tests/data/cpu_records)."""
+import pytest
+
+from preflight.chapter import Measured
+from preflight.chapters import data_pipeline as C
+from preflight.findings import FindingSink
+from preflight.models import data as M
+from preflight.profile import load_profile
+from preflight.records import load_records
+
+from conftest import EXAMPLE, REPO
+
+RECORDS = REPO / "tests" / "data" / "cpu_records"
+
+
+def _measured(method):
+    rec = load_records(RECORDS, method)[-1]
+    return Measured(rec["results"], "recorded on test CPU", rec)
+
+
+@pytest.fixture(scope="module")
+def findings():
+    sink = FindingSink(None, "data_pipeline")
+    C.add_measured_findings(sink, load_profile(EXAMPLE), _measured("datapipe"), _measured("loadtune"),
+                            _measured("loadmon_overhead"))
+    return {f.id: f for f in sink.findings}
+
+
+def test_recorded_run_gives_every_measured_finding(findings):
+    assert set(findings) == {"data/small_file_slowdown", "data/h2d_pinned_speedup", "data/headroom",
+                             "data/headroom_default", "data/best_loader_setting", "data/instrumentation_overhead"}
+    tune = _measured("loadtune").results
+    best = tune["best"]
+    assert findings["data/headroom"].value == pytest.approx(best["headroom"])
+    assert findings["data/best_loader_setting"].value == best["num_workers"]
+    assert M.setting_label(best) in findings["data/best_loader_setting"].message
+
+
+def test_in_process_loading_fails_on_idle_share_whatever_its_headroom(findings):
+    """num_workers=0 can 'supply' more than the device consumes and still idle it every step:
+    the verdict takes the worse of the headroom and the measured idle share."""
+    default = next(r for r in _measured("loadtune").results["rows"] if r["num_workers"] == 0)
+    f = findings["data/headroom_default"]
+    assert default["idle_share"] > C.IDLE_FAIL
+    assert f.verdict == "fail"
+    assert "inside the training loop" in f.message
+
+
+def test_small_files_slower_and_overhead_tiny(findings):
+    assert findings["data/small_file_slowdown"].value > 1
+    assert findings["data/instrumentation_overhead"].verdict == "pass"
+    assert findings["data/h2d_pinned_speedup"].value is None        # a CPU has no copy to measure
+
+
+def test_break_points_table_has_every_stage_and_the_rule():
+    r = _measured("datapipe").results
+    df = C.break_points(r["storage"], r["preprocessing"], r["assembly"], r["consume"], r["h2d"], r["cores"])
+    stages = " ".join(df["stage"])
+    for word in ("storage", "CPU preprocessing", "batch assembly"):
+        assert word in stages
+    assert (df["headroom"] == df["supply (samples/s)"] / df["consumption (samples/s)"]).all()
+    assert set(df["verdict"]) <= {"pass", "warn", "fail"}
+    assert df.loc[df["headroom"] >= M.HEADROOM_RULE, "verdict"].eq("pass").all()
+
+
+def test_gpu_copy_rows_when_measured():
+    r = _measured("datapipe").results
+    h2d = {"available": True, "bytes": 2_408_448, "pageable_s": 0.8e-3, "pinned_s": 0.2e-3,
+           "pageable_GBps": 3.0, "pinned_GBps": 12.0, "pinned_speedup": 4.0}
+    df = C.break_points(r["storage"], r["preprocessing"], r["assembly"], r["consume"], h2d, r["cores"])
+    assert df["stage"].str.startswith("host-to-device").sum() == 2
+    sink = FindingSink(None, "data_pipeline")
+    pipe = Measured({**r, "h2d": h2d}, "recorded on test GPU", {})
+    C.add_measured_findings(sink, load_profile(EXAMPLE), pipe, None, None)
+    f = {x.id: x for x in sink.findings}["data/h2d_pinned_speedup"]
+    assert f.value == 4.0 and "pinned non_blocking" in f.message

@@ -1,0 +1,92 @@
+"""Chapter 2 measurements on a real small dataset made here: directions and modest bounds, never
+hard-coded figures (the sizes are small, the machine is shared)."""
+import json
+
+import pytest
+
+from preflight.bench import datapipe, loadtune
+from preflight.bench import samples as S
+
+FILES = 400
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return datapipe.prepare(tmp_path_factory.mktemp("dp"), FILES, 64_000, seed=1)
+
+
+def test_prepare_writes_both_layouts_and_reuses_them(dataset, tmp_path):
+    assert len(datapipe.layout_files(dataset["small"], "small_files")) == FILES
+    assert dataset["shard_count"] >= 4                      # 400 x ~5 kB in 64 kB shards
+    assert len(datapipe.layout_files(dataset["shards"], "shards")) == dataset["shard_count"]
+    again = datapipe.prepare(dataset["small"].rsplit("/", 1)[0], FILES, 64_000, seed=1)
+    assert again == dataset                                   # read from dataset.json, nothing rewritten
+
+
+def test_small_files_are_slower_than_shards(dataset):
+    st = datapipe.measure_storage(dataset["small"], dataset["shards"], FILES, repeats=3)
+    sf, sh = st["small_files"], st["shards"]
+    assert sh["bytes"] > sf["bytes"]              # tar headers add bytes
+    assert sf["files"] == FILES and sh["files"] == dataset["shard_count"]
+    assert st["slowdown_read_cold"] > 1.5       # one open per sample vs one per shard
+    assert st["slowdown_list_warm"] > 5          # 400 stats vs a handful
+    assert 0 < sf["stat_per_file_s"] < 1e-3
+    assert st["filesystem"]
+    json.dumps(st)                                # a JSON record
+
+
+def test_break_point_rates(dataset):
+    prep = datapipe.preprocessing_rate(dataset["shards"], samples=200)
+    assert prep["samples"] == 200
+    assert 10 < prep["per_sample_us"] < 20_000
+    asm = datapipe.batch_assembly(dataset["small"], dataset["shards"], FILES, buffer=100)
+    assert asm["global_shuffle_samples_per_s"] > 0 and asm["buffer_shuffle_samples_per_s"] > 0
+    c = datapipe.consume_rate("cpu", 16)
+    assert c["step_s"] > 0 and c["samples_per_s"] == pytest.approx(16 / c["step_s"])
+    assert datapipe.h2d_copy("cpu", 16)["available"] is False
+
+
+def test_transform_gives_cropped_normalised_image(dataset):
+    from preflight import shards
+
+    s = next(iter(shards.shard_pipeline(dataset["shards"])))
+    x, y = datapipe.transform(s)
+    assert tuple(x.shape) == (3, S.CROP, S.CROP)
+    assert y == S.label_of(s["__key__"])
+    assert -3 < float(x.mean()) < 3
+
+
+def test_tuner_workers_beat_in_process_loading(dataset):
+    """An emulated device at 8 ms per step of 16 samples: loading in the loop (num_workers=0) idles
+    it every step; one worker preparing the next batches while it 'computes' does not."""
+    settings = [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False},
+                {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False}]
+    res = loadtune.sweep(dataset["shards"], "cpu", 16, 0.008, settings, steps=10)
+    rows = {r["num_workers"]: r for r in res["rows"]}
+    assert rows[0]["idle_share"] > rows[1]["idle_share"]
+    assert rows[0]["idle_share"] > 0.05          # 16 decodes per step in the loop are not free
+    assert res["best"]["num_workers"] == 1
+    assert res["consumer"].startswith("emulated")
+    for r in res["rows"]:
+        assert r["headroom"] == pytest.approx(r["supply_samples_per_s"] / r["consume_samples_per_s"])
+        assert r["queue_depth_median"] is not None
+
+
+def test_grid_and_best_setting():
+    g = loadtune.grid(2, gpu=False)
+    assert {"num_workers": 0, "prefetch_factor": None, "pin_memory": False} in g
+    assert all(s["pin_memory"] is False for s in g)
+    assert max(s["num_workers"] for s in g) == 2
+    assert any(s["pin_memory"] for s in loadtune.grid(16, gpu=True))
+    rows = [{"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "idle_share": 0.004},
+            {"num_workers": 1, "prefetch_factor": 8, "pin_memory": False, "idle_share": 0.012},
+            {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "idle_share": 0.3}]
+    assert loadtune.best_setting(rows)["num_workers"] == 1      # within 1 point, fewer workers
+
+
+def test_instrumentation_overhead_is_small(dataset):
+    o = loadtune.instrumentation_overhead(dataset["shards"], "cpu", 16, 0.005,
+                                          {"num_workers": 1, "prefetch_factor": 2, "pin_memory": False},
+                                          steps=8, repeats=2)
+    assert 0 < o["bookkeeping_share_of_step"] < 0.01
+    assert o["with_s"] > 0 and o["without_s"] > 0

@@ -1,0 +1,240 @@
+# %% [markdown]
+# # Chapter 2: The starved data pipeline
+#
+# **Pitfall:** low or jumpy device utilisation blamed on compute or on the parallel plan, when the
+# device is waiting for data. The chain is storage -> network -> host memory -> preprocessing ->
+# batch assembly -> host-to-device copy -> device, and it breaks in four usual places:
+#
+# 1. **storage**: millions of small files on a parallel file system (metadata, not bandwidth);
+# 2. **CPU preprocessing**: too few loader workers, decode/augment saturating the cores;
+# 3. **batch assembly**: a global shuffle means random access to every sample;
+# 4. **host-to-device**: synchronous copies from pageable memory inside the loop.
+#
+# **Rule:** every stage must supply at least **1.2x** what the device consumes, or any jitter idles it.
+# "Jumpy utilisation: look upstream first."
+#
+# What it measures, live on this machine: the same dataset as 20,000 small files and as tar shards
+# (listing and reading, cold and warm); each break point against the device's consumption rate; a
+# loader tuner over `num_workers x prefetch_factor x pin_memory`; the cost of the instrumentation you
+# should keep on.
+#
+# **Time:** about 1-2 minutes on a 2-core CPU the first time (writing 20,000 files is itself slow;
+# the dataset is kept for the next run), under a minute on a GPU node. `plan_only = True`: the listing
+# estimate of your profile only (seconds).
+
+# %%
+# parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
+profile_path = "../data/profiles/example.yaml"
+findings_path = ""      # where the audit collects findings; empty: keep them in memory
+plan_only = False       # True: formulas on the profile only, no live measurement
+results_dir = ""        # folder of recorded measurements (e.g. from your cluster) to use instead
+out_dir = ""            # the audit's output folder (records, charts)
+quick = False           # smallest sizes (smoke test)
+interactive = True      # show the sliders (the headless audit turns them off)
+data_dir = ""           # scratch folder ON THE STORAGE TO TEST (default: .cache/ in the repository)
+files = 20000           # small files to generate (quick: 2,000)
+shard_size = "8MB"      # shard size of the demo (the advice for real data: 200-500 MB)
+batch = 64              # samples per batch
+
+# %%
+import os
+
+import pandas as pd
+
+from preflight import REPO, charts
+from preflight.chapter import start
+from preflight.chapters import data_pipeline as C
+from preflight.findings import judge
+from preflight.models import data as M
+
+ch = start("data_pipeline", profile_path, findings_path or None, plan_only, results_dir or None,
+           out_dir or None, quick=quick)
+prof = ch.profile
+if ch.quick:
+    files, shard_size = min(files, 2000), "1MB"
+work = data_dir or str(REPO / ".cache" / "data_pipeline")
+print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
+print("live measurement:", f"on {ch.device.label}, dataset in {work}" if ch.measure else "off (plan-only)")
+
+# %% [markdown]
+# ## 1. Your dataset at start-up: the metadata bill
+#
+# A parallel file system streams large files at tens of GB/s, but each file costs a round trip to a
+# metadata server to find and to open. The field case: 10 million files of a few kB on Lustre; listing
+# them took 20+ minutes at every start, worse when many nodes started at once; repacked into
+# 200-500 MB WebDataset shards, the scan took about ten seconds without touching model code.
+#
+# Below: the profile's dataset listed serially from one client, with per-file latencies from published
+# measurements (sources in the table; GPFS has no public single-client figure and is assumed equal to
+# Lustre). Measure your own with this chapter on the cluster (`data_dir` on the parallel file system).
+
+# %%
+C.add_listing_finding(ch.findings, prof)
+ch.table(C.listing_table(prof))
+
+# %% [markdown]
+# ## 2. Small files vs shards, measured here
+#
+# The same samples (64x64 images, PNG-style filter + zlib, a few kB each) written as one file each in
+# class folders, then packed into tar shards with `python -m preflight shards SRC DST --shard-size ...`
+# (webdataset's tar format; resumable, verified). Here the shards are small (`shard_size`) so that
+# every loader worker gets several; on a cluster use 200-500 MB and no file under 64 MB.
+#
+# **Cold** reads empty the page cache for the files first (`posix_fadvise(DONTNEED)`, no root needed).
+# The kernel keeps directory and inode metadata cached (dropping it needs root), so the cold *listing*
+# on a local disk is a lower bound: the metadata round trips of a parallel file system are what the
+# table above adds.
+
+# %%
+from preflight.bench import datapipe
+from preflight.shards import parse_size
+
+def dataset():
+    """The two layouts in ``work`` (made once, reused while files/shard_size stay the same)."""
+    return datapipe.prepare(work, files, parse_size(shard_size))
+
+def measure_pipe():
+    info = dataset()
+    dev = ch.torch_device
+    return {"dataset": info,
+            "storage": datapipe.measure_storage(info["small"], info["shards"], files, repeats=1 if ch.quick else 3),
+            "preprocessing": datapipe.preprocessing_rate(info["shards"], 500 if ch.quick else 2000),
+            "assembly": datapipe.batch_assembly(info["small"], info["shards"], files),
+            "consume": datapipe.consume_rate(dev, batch),
+            "h2d": datapipe.h2d_copy(dev, batch),
+            "cores": os.cpu_count()}
+
+pipe = ch.measurement("datapipe", measure_pipe, version=datapipe.METHOD_VERSION)
+if pipe:
+    r = pipe.results
+    st = r["storage"]
+    print(pipe.source, f"- file system: {st['filesystem']}; writing {r['dataset']['params']['files']:,} small files took "
+          f"{r['dataset']['write_small_files_s']:.1f} s, packing them into {r['dataset']['shard_count']} shards "
+          f"{r['dataset']['convert_s']:.1f} s")
+    rows = []
+    for layout in ("small_files", "shards"):
+        x = st[layout]
+        rows.append({"layout": layout, "files": x["files"], "MB": x["bytes"] / 1e6,
+                     "listing cold (ms)": x["list_cold_s"] * 1e3, "listing warm (ms)": x["list_warm_s"] * 1e3,
+                     "read cold (MB/s)": x["read_cold_MBps"], "read warm (MB/s)": x["read_warm_MBps"]})
+    ch.table(pd.DataFrame(rows))
+    print(f"small files / shards: cold read {st['slowdown_read_cold']:.1f}x slower, warm {st['slowdown_read_warm']:.1f}x, "
+          f"listing {st['slowdown_list_warm']:.0f}x")
+    ch.show("read_rate", charts.bars(pd.DataFrame(
+        [{"read": f"{lay}, {c}", "MB/s": st[lay][f"read_{c}_MBps"]} for lay in ("small_files", "shards")
+         for c in ("cold", "warm")]), "MB/s", "read", title="Full read of the same samples (MB/s)"))
+    print("The profile's dataset with this machine's measured stat latency:")
+    ch.table(C.listing_table(prof, st["small_files"]["stat_per_file_s"]).tail(1))
+else:
+    print("not measured (plan-only)")
+
+# %% [markdown]
+# ## 3. The four break points, each against what the device consumes
+#
+# Consumption: one real training step of a small CNN on the device (a batch already in device memory),
+# as samples/s. Each stage is measured alone: storage read, decode + augment on **one** core (what one
+# loader worker delivers), batch assembly with a global shuffle (random access over small files) vs
+# sequential shards through a shuffle buffer, and the host-to-device copy (GPU only). A stage under
+# 1.2x is a break point; the CPU line "all cores" is an upper bound, since the training process needs
+# cores too.
+
+# %%
+if pipe:
+    c = r["consume"]
+    print(f"device consumption: {c['samples_per_s']:,.0f} samples/s (batch {c['batch']}, step {c['step_s'] * 1e3:.2f} ms "
+          f"on {c['device']}); one worker preprocesses {r['preprocessing']['per_worker_samples_per_s']:,.0f} samples/s "
+          f"({r['preprocessing']['per_sample_us']:.0f} us per sample) -> {M.workers_needed(c['samples_per_s'], r['preprocessing']['per_worker_samples_per_s'])} "
+          f"worker(s) for 1.2x")
+    bp = C.break_points(st, r["preprocessing"], r["assembly"], c, r["h2d"], r["cores"])
+    ch.table(bp)
+    ch.show("break_points", charts.headroom_bars(bp, "stage", title="Supply / consumption per stage (rule 1.2x)"))
+    if not r["h2d"].get("available"):
+        ch.note(f"Host-to-device copy: not applicable on the CPU ({r['h2d']['reason']}). On a GPU, pinned "
+                "memory + `non_blocking=True` lets the copy overlap with compute; pageable memory is staged "
+                "through a pinned buffer by the driver, synchronously.")
+
+# %% [markdown]
+# ## 4. The loader tuner
+#
+# The sweep runs the real shard pipeline (webdataset, buffer shuffle, decode + augment in the workers)
+# under a training loop at the device's rate, for every `num_workers x prefetch_factor x pin_memory`,
+# with fresh workers each time. Measured per setting: supply (the loader drained alone), the device idle
+# share and the median wait per step (`preflight.loadmon.LoaderMonitor`), the prefetch queue depth.
+# The rule of thumb to check: workers ~70-80 % of the cores, prefetch 4-8.
+#
+# On the CPU fallback the device is **emulated**: each step waits for the measured CPU step time, leaving
+# the cores free as a GPU does while it computes (a real CPU step would take both cores from the workers).
+
+# %%
+from preflight.bench import loadtune
+
+def measure_tune():
+    c = pipe.results["consume"]
+    settings = loadtune.grid(os.cpu_count(), ch.device.is_gpu, quick=ch.quick)
+    shard_dir = dataset()["shards"]
+    res = loadtune.sweep(shard_dir, ch.torch_device, batch, c["step_s"], settings, steps=12 if ch.quick else 40)
+    res["traces"] = loadtune.traces(shard_dir, ch.torch_device, batch, c["step_s"],
+                                    [r for r in res["rows"] if r["num_workers"] == 0][0], res["best"],
+                                    steps=12 if ch.quick else 40)
+    return res
+
+tune = ch.measurement("loadtune", measure_tune) if pipe else None
+if tune:
+    t = tune.results
+    print(f"{tune.source}; consumer: {t['consumer']}")
+    rows = pd.DataFrame(t["rows"])
+    rows["setting"] = [M.setting_label(x) for x in t["rows"]]
+    rows["verdict"] = [judge(h, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL)[0] for h in rows["headroom"]]
+    ch.table(rows[["setting", "supply_samples_per_s", "headroom", "idle_share", "wait_median_ms",
+                   "wait_p90_ms", "queue_depth_median"]])
+    ch.show("tuner", charts.headroom_bars(rows, "setting", title="Loader settings: supply / consumption"))
+    print("best:", M.setting_label(t["best"]), f"- device idle {t['best']['idle_share']:.1%}")
+
+# %% [markdown]
+# ## 5. Instrumentation to keep
+#
+# `preflight.loadmon` wraps any DataLoader: `timed(transform)` in the dataset, `stamped(collate)` as the
+# collate function, `LoaderMonitor(loader)` around the loop. Per step it records the data wait the
+# device sees, the prefetch queue depth (batches ready when the step asked) and each worker's
+# preprocessing rate. A starved loader shows waits and a queue depth of 0-1; a healthy one, near-zero
+# waits and a full queue. Its cost is measured below, against the step time.
+
+# %%
+if tune:
+    tr = pd.DataFrame(tune.results["traces"])
+    tr["wait_ms"] = tr["wait_s"] * 1e3
+    ch.show("trace", charts.step_trace(tr, title="Per-step data wait and queue depth"))
+
+overhead = (ch.measurement("loadmon_overhead", lambda: loadtune.instrumentation_overhead(
+    dataset()["shards"], ch.torch_device, batch, pipe.results["consume"]["step_s"],
+    tune.results["best"], steps=12 if ch.quick else 30, repeats=2 if ch.quick else 3)) if tune else None)
+if overhead:
+    o = overhead.results
+    print(f"bookkeeping {o['bookkeeping_s_per_step'] * 1e6:.1f} us per step = {o['bookkeeping_share_of_step']:.3%} "
+          f"of a step; end to end {o['overhead_fraction']:+.1%} ({o['with_s']:.3f} s vs {o['without_s']:.3f} s)")
+C.add_measured_findings(ch.findings, prof, pipe, tune, overhead)
+
+# %% [markdown]
+# ## 6. Sliders
+#
+# Listing time = files x per-file metadata latency (one client, serial); the shards line shows what
+# packing buys. Then supply vs consumption: the steady-state idle share 1 - S/C is a lower bound, since
+# jitter idles the device even above 1.0x; hence the 1.2x rule.
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import listing_explorer, supply_explorer
+    display(listing_explorer(prof.data.files, M.latency(prof.data.storage).stat_s * 1e3, prof.data.mean_file_kB))
+    s0 = tune.results["best"]["supply_samples_per_s"] if tune else 1200.0
+    c0 = tune.results["consume_samples_per_s"] if tune else 1000.0
+    display(supply_explorer(s0, c0))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
+# ## Findings of this chapter
+
+# %%
+ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
