@@ -90,3 +90,20 @@ def test_instrumentation_overhead_is_small(dataset):
                                           steps=8, repeats=2)
     assert 0 < o["bookkeeping_share_of_step"] < 0.01
     assert o["with_s"] > 0 and o["without_s"] > 0
+
+
+def test_runs_alone_and_writes_a_record(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "preflight.bench.datapipe", "--work", str(tmp_path / "w"),
+                        "--files", "200", "--shard-size", "64kB", "--batch", "8", "--out", str(tmp_path / "rec")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "rec" / "datapipe.json").read_text())
+    assert rec["method"] == "datapipe" and rec["method_version"] == datapipe.METHOD_VERSION
+    assert rec["results"]["storage"]["small_files"]["files"] == 200
+    bad = subprocess.run([sys.executable, "-m", "preflight.bench.datapipe", "--work", str(tmp_path / "x"),
+                          "--shard-size", "lots"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--shard-size = 'lots'" in bad.stderr
+    assert not (tmp_path / "x").exists()

@@ -55,6 +55,7 @@ def _with(path: str, value):
     ("training.interleave", 2, "needs pipeline_schedule: interleaved"),
     ("training.step_compute_s", 0, "training.step_compute_s = 0"),
     ("data.storage", "floppy", "data.storage = 'floppy'"),
+    ("data.scratch_dir", "scratch/me", "data.scratch_dir = 'scratch/me': 'scratch/me' must be an absolute path"),
     ("measure", "sometimes", "measure = 'sometimes'"),
     ("extra_top", 1, "extra_top = 1: unknown field"),
 ])

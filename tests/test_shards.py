@@ -292,6 +292,34 @@ def test_dataloader_workers_see_every_sample_once(clean, src):
     assert len(keys) == N and set(keys) == set(_source_digests(src))
 
 
+
+@pytest.mark.parametrize("via", ["env", "torch.distributed"])
+def test_ranks_read_disjoint_shard_subsets(clean, monkeypatch, via):
+    """webdataset.split_by_node takes rank/world from RANK and WORLD_SIZE (torchrun), else from an
+    initialised torch.distributed; each rank must read its own shards and together all of them."""
+    for var in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS"):
+        monkeypatch.delenv(var, raising=False)
+    urls = shards.shard_urls(clean)
+    world, seen = 2, []
+    for rank in range(world):
+        if via == "env":
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", str(world))
+        else:
+            monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+            monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+            monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None, r=rank: r)
+            monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: world)
+        got = [s["__url__"] for s in shards.shard_pipeline(clean, shuffle_shards=True, seed=1)]
+        seen.append(set(got))
+        assert seen[-1] and len(got) == sum(s["samples"] for s in shards.load_manifest(clean)["shards"]
+                                            if str(clean / s["name"]) in seen[-1])
+        whole = {s["__url__"] for s in shards.shard_pipeline(clean, split_by_node=False)}
+        assert whole == set(urls)                              # opt-out: every rank reads everything
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(urls)
+    assert abs(len(seen[0]) - len(seen[1])) <= 1
+
+
 def test_batches_and_small_file_dataset(clean, src):
     aug = lambda s: samples.decode_augment(s["img.zz"])
     batches = list(shards.shard_pipeline(clean, transform=aug, batch_size=64))

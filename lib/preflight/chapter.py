@@ -83,11 +83,13 @@ class Chapter:
 
         display(Markdown(f"> **Note.** {text}"))
 
-    def measurement(self, method: str, run: Callable[[], dict], version: int = 1) -> Measured | None:
-        """A recorded result of ``method`` from ``results_dir`` if there is one, else a live
-        measurement (recorded under ``out_dir/records``) when measuring is allowed, else None."""
+    def measurement(self, method: str, run: Callable[[], dict], version: int = 1, name: str | None = None,
+                    match: Callable[[dict], bool] | None = None) -> Measured | None:
+        """A recorded result of ``method`` from ``results_dir`` if there is one (the newest for which
+        ``match(record)`` is true, when given), else a live measurement (recorded under
+        ``out_dir/records`` as ``<method>[-name].json``) when measuring is allowed, else None."""
         if self.results_dir:
-            recs = load_records(self.results_dir, method)
+            recs = [r for r in load_records(self.results_dir, method) if match is None or match(r)]
             if recs:
                 rec = recs[-1]
                 dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
@@ -99,7 +101,7 @@ class Chapter:
         rec = make_record(method, version, {"quick": self.quick}, results,
                           self.device.as_dict())
         if self.out_dir:
-            save_record(rec, self.out_dir / "records")
+            save_record(rec, self.out_dir / "records", name=name)
         return Measured(results, f"measured on {self.device.label}", rec)
 
 

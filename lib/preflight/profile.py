@@ -66,6 +66,17 @@ class Data(_Strict):
     files: Annotated[int, Field(ge=1, le=10**12, description="number of files in the dataset")] = 1
     mean_file_kB: Annotated[float, Field(gt=0, le=1e9, description="mean file size, kB")] = 100_000.0
     storage: Literal["lustre", "gpfs", "nfs", "local_nvme", "object"] = "lustre"
+    scratch_dir: str = Field("", max_length=4096,
+                             description="absolute folder on the dataset's storage for chapter 2's test "
+                                         "dataset (a subfolder preflight-chapter2 is used); empty: .cache/ "
+                                         "in the repository")
+
+    @field_validator("scratch_dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if v and not Path(v).is_absolute():
+            raise ValueError(f"'{v}' must be an absolute path (e.g. /lustre/scratch/me), or empty")
+        return v
 
 
 class Profile(_Strict):

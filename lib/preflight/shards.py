@@ -1,4 +1,4 @@
-"""Tar shards: pack a small-file dataset into a few large files, and read them back with checks.
+"""Tar shards: the format, and the writer that packs a small-file dataset into it.
 
 Why shards. A parallel file system (Lustre, GPFS, BeeGFS) spreads file *data* over many storage
 servers but serves *metadata* (open, stat, directory lookup) from a few metadata servers. A training
@@ -9,35 +9,34 @@ advise shards of 200-500 MB and no file under 64 MB on a parallel file system; t
 
 Layout (the webdataset convention): ``DST/shard-000000.tar, shard-000001.tar, ...``. A sample is the
 run of consecutive members that share a key, the path up to the first dot of the basename:
-``cls_03/00000123.img.zz`` is field ``img.zz`` of sample ``cls_03/00000123``. ``DST/manifest.json``
-records each shard's sample count, size, sha256 and first/last key. That makes two things possible:
+``cls_03/00000123.img.zz`` is field ``img.zz`` of sample ``cls_03/00000123``. Every sample has the
+same fields. Member bytes are deterministic (fixed mtime, owner, mode): the same source gives the same
+shards, byte for byte.
+
+Manifest. ``DST/manifest.json`` (``FORMAT``) records the source, the shard size, the fields, and each
+shard's sample count, size, sha256 and first/last key; ``complete`` is set only once every shard has
+been written and read back. That makes two things possible:
 
 * resuming: a conversion killed after shard k keeps shards 0..k (checked against their sha256);
-* checked reading: a truncated shard yields fewer samples than the manifest says, and ``iter_shard``
+* checked reading: a truncated shard yields fewer samples than the manifest says, and the reader
   turns that into an error naming the shard and the sample, never a silently shorter epoch.
 
-Shuffling: shards are read front to back, so ``shard_pipeline`` mixes samples in a buffer of
-``shuffle_buffer`` samples (optionally also the shard order), not globally as a map-style Dataset with
-a RandomSampler does (``small_file_dataset``). A fixed ``seed`` gives the same order every epoch:
-pass ``seed=base + epoch`` for a new one.
+Reading lives in ``preflight.shardread`` (``iter_shard``, ``shard_pipeline``, ``small_file_dataset``);
+those names are also reachable here, as ``shards.shard_pipeline`` and so on.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import random
 import re
 import tarfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import webdataset as wds
-from torch.utils.data import Dataset, default_collate
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
+from webdataset.tariterators import base_plus_ext
 
 FORMAT = "preflight-shards/1"
 MANIFEST = "manifest.json"
@@ -63,16 +62,6 @@ class SkipStats:
     """What ``on_error="skip"`` dropped: sample count and one (shard, index, reason) per incident."""
     skipped_samples: int = 0
     bad_shards: list = field(default_factory=list)
-
-
-def _sample_error(shard, index, key, reason, after=None) -> ShardError:
-    where = f" (key {key})" if key else (f" (after key {after})" if after else "")
-    return ShardError(f"{shard}: sample {index}{where}: {reason}", shard, index, key)
-
-
-def _check_on_error(on_error: str) -> None:
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error = {on_error!r}: accepted values are 'raise' and 'skip'")
 
 
 def parse_size(text: str) -> int:
@@ -124,134 +113,7 @@ def _read_source(path: Path) -> bytes:
         raise ShardError(f"{path}: cannot read the sample file ({err.strerror or err})") from err
 
 
-class SmallFileDataset(Dataset):
-    """Map-style dataset over the small files: sample i is one open+read per file (metadata-heavy)."""
-
-    def __init__(self, src, transform=None):
-        self.src = Path(src).resolve()
-        self.samples, self.fields = _list_samples(self.src)
-        self.transform = transform
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        key, files = self.samples[i]
-        sample = {"__key__": key, "__url__": str(self.src), "__index__": i}
-        sample.update({ext.lower(): _read_source(path) for ext, path in files})
-        return self.transform(sample) if self.transform is not None else sample
-
-
-def small_file_dataset(src, transform=None) -> SmallFileDataset:
-    """The small files as a map-style Dataset (for the global-shuffle comparison, RandomSampler)."""
-    return SmallFileDataset(src, transform)
-
-
-# ---------------------------------------------------------------- reading shards
-
-class _Hashing:
-    """File wrapper that hashes and counts every byte written or read through it."""
-
-    def __init__(self, f):
-        self.f, self.sha, self.size = f, hashlib.sha256(), 0
-
-    def write(self, data):
-        self.sha.update(data)
-        self.size += len(data)
-        return self.f.write(data)
-
-    def read(self, n=-1):
-        data = self.f.read(n)
-        self.sha.update(data)
-        self.size += len(data)
-        return data
-
-
-def _samples(url: str, stream, expected: int | None, fields: list | None = None):
-    """Yield the samples of one open shard through webdataset's tar iteration, checked."""
-    shard = Path(url).name
-    last = {"fname": None}
-
-    def members():
-        for member in tar_file_expander([{"url": url, "stream": stream}]):
-            last["fname"] = member.get("fname", last["fname"])
-            yield member
-
-    delivered, last_key = 0, None
-    try:
-        for sample in group_by_keys(members()):
-            have = sorted(k for k in sample if not k.startswith("__"))
-            fields = fields or have       # no manifest: the first sample sets the fields
-            if have != sorted(fields):     # a partial sample (tar cut between its members)
-                raise _sample_error(shard, delivered, sample["__key__"],
-                                    f"fields {have}, expected {sorted(fields)} (truncated tar?)")
-            if expected is not None and delivered >= expected:
-                raise _sample_error(shard, delivered, sample["__key__"],
-                                    f"more samples than the {expected} in the manifest")
-            sample["__index__"] = delivered
-            yield sample
-            delivered, last_key = delivered + 1, sample["__key__"]
-    except ShardError:
-        raise
-    except Exception as err:   # tarfile.ReadError (truncated), ValueError (duplicate member), OSError
-        reason = str(err.args[0]).split(" @ ")[0] if err.args else ""
-        key = base_plus_ext(last["fname"])[0] if last["fname"] else None
-        raise _sample_error(shard, delivered, key if key != last_key else None,
-                            f"truncated or corrupt tar ({type(err).__name__}: {reason})", last_key) from err
-    if expected is not None and delivered < expected:
-        raise _sample_error(shard, delivered, None, f"only {delivered} of {expected} samples in the "
-                            "shard (truncated at a sample boundary?)", last_key)
-
-
-def _skipped(stats: SkipStats | None, err: ShardError, lost: int | None) -> None:
-    if stats is not None:
-        stats.skipped_samples += lost or 0
-        stats.bad_shards.append((err.shard, err.index, str(err)))
-    count = "an unknown number of" if lost is None else str(lost)
-    warnings.warn(f"skipped {count} sample(s): {err}", stacklevel=3)
-
-
-def iter_shard(url, expected: int | None = None, on_error: str = "raise",
-               stats: SkipStats | None = None, fields: list | None = None):
-    """Yield the samples of one shard: dicts with ``__key__``, ``__url__``, ``__index__`` and one bytes
-    entry per field. A truncated/unreadable tar, a partial sample or fewer than ``expected`` samples
-    raise ShardError naming the shard and the first sample not delivered; with ``on_error="skip"``
-    the rest of the shard is counted into ``stats``, warned about, and the iteration just ends."""
-    _check_on_error(on_error)
-    url, delivered = str(url), 0
-    try:
-        with open(url, "rb") as stream:
-            for sample in _samples(url, stream, expected, fields):
-                yield sample
-                delivered += 1
-    except (OSError, ShardError) as err:   # OSError: open() itself; read errors arrive as ShardError
-        bad = err if isinstance(err, ShardError) else _sample_error(
-            Path(url).name, delivered, None, f"cannot open ({err.strerror})")
-        if on_error == "raise":
-            raise bad from (err if bad is not err else err.__cause__)
-        _skipped(stats, bad, None if expected is None else expected - delivered)
-
-
-def _read_shards(sources, expected, fields, on_error, stats):
-    for source in sources:
-        url = source["url"]
-        yield from iter_shard(url, expected[url], on_error, stats, fields)
-
-
-def _apply(samples, transform, on_error, stats):
-    for sample in samples:
-        try:
-            result = transform(sample)
-        except Exception as err:
-            shard, index = Path(sample["__url__"]).name, sample["__index__"]
-            bad = _sample_error(shard, index, sample["__key__"],
-                                f"transform failed ({type(err).__name__}: {err})")
-            if on_error == "raise":
-                raise bad from err
-            _skipped(stats, bad, 1)
-            continue
-        yield result
-
+# ---------------------------------------------------------------- the manifest
 
 def load_manifest(dst) -> dict:
     """The manifest of a complete shard set in ``dst``; ShardError if there is none."""
@@ -282,39 +144,43 @@ def shard_urls(dst) -> list[str]:
     return [str((Path(dst) / s["name"]).resolve()) for s in load_manifest(dst)["shards"]]
 
 
-def shard_pipeline(dst, transform=None, batch_size: int | None = None, collate_fn=None,
-                   shuffle_buffer: int = 0, seed: int = 0, on_error: str = "raise",
-                   split_by_worker: bool = True, stats: SkipStats | None = None,
-                   shuffle_shards: bool = False) -> wds.DataPipeline:
-    """An IterableDataset for a DataLoader: manifest shards -> split across DataLoader workers ->
-    checked samples (iter_shard) -> buffer shuffle -> transform -> batches. ``.stats`` is the
-    SkipStats of ``on_error="skip"`` (in the main process only: each worker counts in its copy)."""
-    _check_on_error(on_error)
-    if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-        raise ValueError(f"shuffle_buffer = {shuffle_buffer!r}: accepted values are 0 (off) or more")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size = {batch_size!r}: accepted values are None or 1 or more")
-    manifest = load_manifest(dst)
-    urls = [str((Path(dst) / s["name"]).resolve()) for s in manifest["shards"]]
-    expected = {url: s["samples"] for url, s in zip(urls, manifest["shards"])}
-    if shuffle_shards:        # same permutation in every worker, so split_by_worker still partitions
-        random.Random(seed).shuffle(urls)
-    stats = stats if stats is not None else SkipStats()
-    stages = [wds.SimpleShardList(urls), wds.split_by_worker if split_by_worker else None,
-              functools.partial(_read_shards, expected=expected, fields=manifest["fields"],
-                                on_error=on_error, stats=stats)]
-    if shuffle_buffer:
-        stages.append(wds.shuffle(shuffle_buffer, seed=seed))
-    if transform is not None:
-        stages.append(functools.partial(_apply, transform=transform, on_error=on_error, stats=stats))
-    if batch_size is not None:
-        stages.append(wds.batched(batch_size, collation_fn=collate_fn or default_collate, partial=True))
-    pipeline = wds.DataPipeline(*stages)
-    pipeline.stats = stats
-    return pipeline
+def _write_manifest(dst: Path, manifest: dict) -> None:
+    tmp = dst / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dst / MANIFEST)
+    _fsync_dir(dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- writing shards
+
+class _Hashing:
+    """File wrapper that hashes and counts every byte written or read through it."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data):
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def read(self, n=-1):
+        data = self.f.read(n)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
 
 def _member_bytes(tar: tarfile.TarFile, name: str, size: int) -> int:
     """Bytes a member takes in the tar: header block(s) + data padded to 512-byte blocks."""
@@ -329,26 +195,10 @@ def _tar_bytes(members: int) -> int:
     return -(-(members + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_manifest(dst: Path, manifest: dict) -> None:
-    tmp = dst / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dst / MANIFEST)
-    _fsync_dir(dst)
-
-
 def _verify_shard(path: Path, entry: dict, fields: list) -> None:
     """Read one shard back (same checked reader as training) and compare it with its manifest entry."""
+    # imported here, not at the top: shardread imports this module
+    from preflight.shardread import _samples
     first = last = None
     try:
         with open(path, "rb") as f:
@@ -473,3 +323,21 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
     return {"shards": len(manifest["shards"]), "samples": total, "dst": str(dst),
             "bytes": sum(e["bytes"] for e in manifest["shards"]), "seconds": time.perf_counter() - t0,
             "resumed_shards": len(kept)}
+
+
+# ---------------------------------------------------------------- the reader, under its old names
+
+_READER = ("iter_shard", "shard_pipeline", "small_file_dataset", "SmallFileDataset")
+
+
+def __getattr__(name: str):
+    """``shards.shard_pipeline`` etc. keep working. Imported on first use, not at the top: shardread
+    imports ShardError, SkipStats and load_manifest from here, so the import graph stays one-way."""
+    if name in _READER:
+        from preflight import shardread
+        return getattr(shardread, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_READER])

@@ -31,7 +31,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
-data_dir = ""           # scratch folder ON THE STORAGE TO TEST (default: .cache/ in the repository)
+data_dir = ""           # folder ON THE STORAGE TO TEST (default: the profile's data.scratch_dir, else .cache/)
 files = 20000           # small files to generate (quick: 2,000)
 shard_size = "8MB"      # shard size of the demo (the advice for real data: 200-500 MB)
 batch = 64              # samples per batch
@@ -52,7 +52,8 @@ ch = start("data_pipeline", profile_path, findings_path or None, plan_only, resu
 prof = ch.profile
 if ch.quick:
     files, shard_size = min(files, 2000), "1MB"
-work = data_dir or str(REPO / ".cache" / "data_pipeline")
+scratch = data_dir or prof.data.scratch_dir      # the storage to test: the profile's, or this repository's disk
+work = os.path.join(scratch, "preflight-chapter2") if scratch else str(REPO / ".cache" / "data_pipeline")
 print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
 print("live measurement:", f"on {ch.device.label}, dataset in {work}" if ch.measure else "off (plan-only)")
 

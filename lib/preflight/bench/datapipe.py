@@ -287,7 +287,15 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--out", help="folder for the JSON record")
     a = ap.parse_args(argv)
-    info = prepare(a.work, a.files, parse_size(a.shard_size))
+    if not 1 <= a.files <= 100_000_000:
+        ap.error(f"--files = {a.files}: accepted range is 1 to 100,000,000")
+    if not 1 <= a.batch <= 65_536:
+        ap.error(f"--batch = {a.batch}: accepted range is 1 to 65,536")
+    try:
+        shard_bytes = parse_size(a.shard_size)
+    except ValueError as err:
+        ap.error(f"--shard-size = {a.shard_size!r}: {err}")
+    info = prepare(a.work, a.files, shard_bytes)
     dev = D.torch_device(D.probe())
     res = {"dataset": info, "storage": measure_storage(info["small"], info["shards"], a.files),
            "preprocessing": preprocessing_rate(info["shards"]),

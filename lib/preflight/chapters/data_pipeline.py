@@ -156,11 +156,15 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
         low, high = M.recommended_workers(t["cores"])
         need = (M.workers_needed(t["consume_samples_per_s"], pipe.results["preprocessing"]["per_worker_samples_per_s"])
                 if pipe else None)
+        agree = low <= best["num_workers"] <= high and (
+            best["prefetch_factor"] is None or M.PREFETCH_ADVICE[0] <= best["prefetch_factor"] <= M.PREFETCH_ADVICE[1])
         sink.add(id="data/best_loader_setting", value=best["num_workers"], unit="workers", verdict="info",
                  threshold="recorded for reference",
                  message=(f"Measured best: {M.setting_label(best)} (the cheapest within 1 point of the lowest idle share). "
                           f"Rule of thumb for {t['cores']} cores: {low}-{high} workers, prefetch "
-                          f"{M.PREFETCH_ADVICE[0]}-{M.PREFETCH_ADVICE[1]}"
+                          f"{M.PREFETCH_ADVICE[0]}-{M.PREFETCH_ADVICE[1]}: the measurement "
+                          + ("agrees" if agree else "differs (the rule sizes for the cores; the measurement for "
+                             "this consumer: trust the measurement)")
                           + (f"; one worker preprocesses {pipe.results['preprocessing']['per_worker_samples_per_s']:,.0f} "
                              f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
                  fix=FIX_LOADER, source=src)
