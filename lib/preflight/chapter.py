@@ -75,7 +75,9 @@ class Chapter:
         """Display a DataFrame (plain HTML table, no styling scripts)."""
         from IPython.display import HTML, display
 
-        display(HTML(df.to_html(index=False, float_format=lambda x: f"{x:.4g}", **fmt)))
+        table = df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", **fmt)
+        display(HTML('<div class="pf-table"><style>.pf-table td, .pf-table th { text-align: left; }</style>'
+                     f"{table}</div>"))
 
     def note(self, text: str) -> None:
         """A remark in the chapter's prose (Markdown), e.g. what a CPU measurement can and cannot show."""

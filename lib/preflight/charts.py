@@ -41,8 +41,8 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
         layers.append(alt.Chart(pd.DataFrame({"y": [ceiling]})).mark_rule(color="black", strokeDash=[6, 3])
                       .encode(y="y:Q"))
     if n_mark:
-        layers.append(alt.Chart(pd.DataFrame({"x": [n_mark]})).mark_rule(color="#546e7a",
-                                                                          strokeDash=[2, 2]).encode(x="x:Q"))
+        layers.append(alt.Chart(pd.DataFrame({"N": [n_mark]})).mark_rule(color="#546e7a",
+                                                                          strokeDash=[2, 2]).encode(x="N:Q"))
     title = f"Amdahl: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
     return alt.layer(*layers).properties(width=420, height=260, title=title)
 
@@ -81,30 +81,39 @@ def share_bar(df: pd.DataFrame, category: str, value: str = "share", title: str 
 
 def bars(df: pd.DataFrame, x: str, y: str, title: str = "", fmt: str = ".3g") -> alt.Chart:
     """Plain labelled bars (e.g. eager vs compiled step time)."""
-    base = alt.Chart(df).encode(y=alt.Y(f"{y}:N", title=None, sort=None), x=alt.X(f"{x}:Q"))
+    base = alt.Chart(df).encode(y=alt.Y(f"{y}:N", title=None, sort=None, axis=alt.Axis(labelLimit=420)),
+                                x=alt.X(f"{x}:Q"))
     return (base.mark_bar() + base.mark_text(align="left", dx=3).encode(
         text=alt.Text(f"{x}:Q", format=fmt))).properties(width=380, height=30 * max(2, len(df)), title=title)
 
 
 def headroom_bars(df: pd.DataFrame, label: str, value: str = "headroom", rule: float = 1.2,
                   title: str = "") -> alt.LayerChart:
-    """Horizontal bars of supply/consumption on a log axis, the ``rule`` (1.2x) as a red line."""
-    base = alt.Chart(df).encode(
-        y=alt.Y(f"{label}:N", title=None, sort=None),
-        x=alt.X(f"{value}:Q", scale=alt.Scale(type="log"), title="supply / consumption"))
-    bars_ = base.mark_bar().encode(color=alt.Color("verdict:N", scale=alt.Scale(
+    """Horizontal bars of supply/consumption on a log axis, the ``rule`` (1.2x) as a red line.
+
+    A log axis has no zero: the bars start at a power of ten below the smallest value."""
+    import math
+
+    low = min(float(df[value].min()), rule)
+    d = df.assign(_base=10 ** math.floor(math.log10(low / 2)))
+    x = alt.X(f"{value}:Q", scale=alt.Scale(type="log"), title="supply / consumption (log)")
+    y = alt.Y(f"{label}:N", title=None, sort=None, axis=alt.Axis(labelLimit=420))
+    bars_ = alt.Chart(d).mark_bar().encode(y=y, x=x, x2="_base:Q", color=alt.Color("verdict:N", scale=alt.Scale(
         domain=["pass", "warn", "fail"], range=["#2e7d32", "#f9a825", "#c62828"]), title=None))
-    text = base.mark_text(align="left", dx=3).encode(text=alt.Text(f"{value}:Q", format=".3g"))
-    line = alt.Chart(pd.DataFrame({"x": [rule]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(x="x:Q")
-    return alt.layer(bars_, text, line).properties(width=380, height=26 * max(2, len(df)), title=title)
+    text = alt.Chart(d).mark_text(align="left", dx=3).encode(y=y, x=x, text=alt.Text(f"{value}:Q", format=".3g"))
+    line = alt.Chart(pd.DataFrame({value: [rule]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(
+        x=alt.X(f"{value}:Q"))
+    return alt.layer(bars_, text, line).properties(width=360, height=26 * max(2, len(df)), title=title)
 
 
 def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
     """Per-step data wait (ms) and prefetch queue depth of loader runs (column ``run``)."""
+    legend = alt.Legend(orient="bottom", labelLimit=500, direction="vertical")
     wait = alt.Chart(df).mark_line(point=True).encode(
-        x=alt.X("step:Q"), y=alt.Y("wait_ms:Q", title="data wait (ms)"), color=alt.Color("run:N", title=None))
+        x=alt.X("step:Q"), y=alt.Y("wait_ms:Q", title="data wait (ms)"), color=alt.Color("run:N", title=None, legend=legend))
     depth = alt.Chart(df).mark_line(point=True).encode(
-        x=alt.X("step:Q"), y=alt.Y("queue_depth:Q", title="queue depth"), color=alt.Color("run:N", title=None))
+        x=alt.X("step:Q"), y=alt.Y("queue_depth:Q", title="queue depth"), color=alt.Color("run:N", title=None,
+                                                                                         legend=legend))
     return alt.vconcat(wait.properties(width=420, height=140, title=title), depth.properties(width=420, height=90))
 
 
@@ -114,9 +123,11 @@ def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = 
     sx = alt.Scale(type="log") if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
-    layers = [alt.Chart(df).mark_line().encode(x=alt.X(f"{x}:Q", scale=sx), y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
+    xaxis = alt.Axis(format="~s", labelOverlap="greedy") if log_x else alt.Axis()
+    layers = [alt.Chart(df).mark_line().encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis),
+                                               y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
                                                color=alt.Color(f"{color}:N", title=None))]
-    if mark_x is not None:
-        layers.append(alt.Chart(pd.DataFrame({"x": [mark_x]})).mark_rule(color="#546e7a", strokeDash=[2, 2])
-                      .encode(x="x:Q"))
+    if mark_x is not None:      # same field name as the axis: the axis title stays clean
+        layers.append(alt.Chart(pd.DataFrame({x: [mark_x]})).mark_rule(color="#546e7a", strokeDash=[2, 2])
+                      .encode(x=alt.X(f"{x}:Q")))
     return alt.layer(*layers).properties(width=420, height=240, title=title)

@@ -152,3 +152,19 @@ class StepTimer:
         total = float(med[phases].sum())
         return pd.DataFrame({"phase": phases, "seconds": [float(med[p]) for p in phases],
                              "share": [float(med[p]) / total if total else 0.0 for p in phases]})
+
+
+def busy_warning(threshold: float = 0.5) -> str | None:
+    """A warning when this machine is already busy (1-minute load average above ``threshold`` x the
+    usable cores): timings taken now measure the other jobs too. None when quiet (or unknown)."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load > threshold * cores:
+        return (f"this machine is busy (load average {load:.1f} on {cores} cores) before the measurement "
+                "starts: other jobs share the cores, so timings will be slower and noisier than on a quiet machine")
+    return None

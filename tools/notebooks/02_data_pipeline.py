@@ -46,6 +46,7 @@ from preflight.chapter import start
 from preflight.chapters import data_pipeline as C
 from preflight.findings import judge
 from preflight.models import data as M
+from preflight.timing import busy_warning
 
 ch = start("data_pipeline", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -56,6 +57,8 @@ scratch = data_dir or prof.data.scratch_dir      # the storage to test: the prof
 work = os.path.join(scratch, "preflight-chapter2") if scratch else str(REPO / ".cache" / "data_pipeline")
 print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
 print("live measurement:", f"on {ch.device.label}, dataset in {work}" if ch.measure else "off (plan-only)")
+if ch.measure and (busy := busy_warning()):
+    ch.note(busy)
 
 # %% [markdown]
 # ## 1. Your dataset at start-up: the metadata bill
@@ -109,14 +112,15 @@ pipe = ch.measurement("datapipe", measure_pipe, version=datapipe.METHOD_VERSION)
 if pipe:
     r = pipe.results
     st = r["storage"]
-    print(pipe.source, f"- file system: {st['filesystem']}; writing {r['dataset']['params']['files']:,} small files took "
-          f"{r['dataset']['write_small_files_s']:.1f} s, packing them into {r['dataset']['shard_count']} shards "
-          f"{r['dataset']['convert_s']:.1f} s")
+    made = "were made earlier: writing" if r["dataset"].get("reused") else "writing"
+    print(pipe.source, f"- file system: {st['filesystem']}; the {r['dataset']['params']['files']:,} small files {made} "
+          f"them took {r['dataset']['write_small_files_s']:.1f} s, packing them into {r['dataset']['shard_count']} "
+          f"shards {r['dataset']['convert_s']:.1f} s")
     rows = []
     for layout in ("small_files", "shards"):
         x = st[layout]
         rows.append({"layout": layout, "files": x["files"], "MB": x["bytes"] / 1e6,
-                     "listing cold (ms)": x["list_cold_s"] * 1e3, "listing warm (ms)": x["list_warm_s"] * 1e3,
+                     "listing, metadata cached (ms)": x["list_warm_s"] * 1e3,
                      "read cold (MB/s)": x["read_cold_MBps"], "read warm (MB/s)": x["read_warm_MBps"]})
     ch.table(pd.DataFrame(rows))
     print(f"small files / shards: cold read {st['slowdown_read_cold']:.1f}x slower, warm {st['slowdown_read_warm']:.1f}x, "
@@ -186,8 +190,10 @@ if tune:
     rows = pd.DataFrame(t["rows"])
     rows["setting"] = [M.setting_label(x) for x in t["rows"]]
     rows["verdict"] = [judge(h, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL)[0] for h in rows["headroom"]]
-    ch.table(rows[["setting", "supply_samples_per_s", "headroom", "idle_share", "wait_median_ms",
-                   "wait_p90_ms", "queue_depth_median"]])
+    ch.table(pd.DataFrame({"setting": rows["setting"], "supply (samples/s)": rows["supply_samples_per_s"],
+                           "headroom": rows["headroom"], "device idle": rows["idle_share"].map("{:.1%}".format),
+                           "median wait (ms)": rows["wait_median_ms"], "p90 wait (ms)": rows["wait_p90_ms"],
+                           "queue depth (median)": rows["queue_depth_median"]}))
     ch.show("tuner", charts.headroom_bars(rows, "setting", title="Loader settings: supply / consumption"))
     print("best:", M.setting_label(t["best"]), f"- device idle {t['best']['idle_share']:.1%}")
 
@@ -230,7 +236,7 @@ if interactive:
     display(listing_explorer(prof.data.files, M.latency(prof.data.storage).stat_s * 1e3, prof.data.mean_file_kB))
     s0 = tune.results["best"]["supply_samples_per_s"] if tune else 1200.0
     c0 = tune.results["consume_samples_per_s"] if tune else 1000.0
-    display(supply_explorer(s0, c0))
+    display(supply_explorer(s0, c0, tune.results["best"]["idle_share"] if tune else None))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 

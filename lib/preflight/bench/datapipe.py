@@ -38,7 +38,7 @@ def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0
     stamp = work / "dataset.json"
     want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": METHOD_VERSION}
     if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
-        return json.loads(stamp.read_text())
+        return dict(json.loads(stamp.read_text()), reused=True)
     work.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     for sub in ("small", "shards"):
@@ -52,7 +52,7 @@ def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0
             "bytes": made["bytes"], "write_small_files_s": write_s, "convert_s": conv["seconds"],
             "shard_count": conv["shards"]}
     stamp.write_text(json.dumps(info, indent=1))
-    return info
+    return dict(info, reused=False)
 
 
 def _rmtree(p: Path) -> None:

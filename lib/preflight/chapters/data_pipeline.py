@@ -161,7 +161,8 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
         sink.add(id="data/best_loader_setting", value=best["num_workers"], unit="workers", verdict="info",
                  threshold="recorded for reference",
                  message=(f"Measured best: {M.setting_label(best)} (the cheapest within 1 point of the lowest idle share). "
-                          f"Rule of thumb for {t['cores']} cores: {low}-{high} workers, prefetch "
+                          f"Rule of thumb for {t['cores']} cores: {low if low == high else f'{low}-{high}'} "
+                          f"worker{'s' if high > 1 else ''}, prefetch "
                           f"{M.PREFETCH_ADVICE[0]}-{M.PREFETCH_ADVICE[1]}: the measurement "
                           + ("agrees" if agree else "differs (the rule sizes for the cores; the measurement for "
                              "this consumer: trust the measurement)")
