@@ -15,6 +15,9 @@ CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "basel
            "baseline/scaling_efficiency_at_target"}
 CH2_IDS = {"data/small_file_slowdown", "data/listing_s_at_profile", "data/headroom", "data/headroom_default",
            "data/best_loader_setting", "data/h2d_pinned_speedup", "data/instrumentation_overhead"}
+CH3_IDS = {"comm/allreduce_bytes_per_rank", "comm/allreduce_s", "comm/comm_compute_ratio", "comm/efficiency_no_overlap",
+           "comm/efficiency_full_overlap", "comm/measured_busbw", "comm/alpha_beta_fit_error", "comm/overlap_saving",
+           "comm/bf16_saving", "comm/topology"}
 
 
 def _summary(out):
@@ -78,6 +81,11 @@ def test_plan_only_audit(tmp_path):
     assert f["data/listing_s_at_profile"]["value"] == pytest.approx(5000.0)
     assert f["data/listing_s_at_profile"]["verdict"] == "fail"
     assert f["data/headroom"]["value"] is None
+    # chapter 3: the field report's 56 GB and > 2 s per step, from the profile alone
+    assert CH3_IDS <= set(f)
+    assert 55e9 < f["comm/allreduce_bytes_per_rank"]["value"] < 57e9
+    assert f["comm/allreduce_s"]["value"] > 2 and f["comm/comm_compute_ratio"]["verdict"] == "fail"
+    assert f["comm/measured_busbw"]["value"] is None
     assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
     index = (out / "index.html").read_text()
     assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
@@ -113,8 +121,14 @@ def test_measure_mode_audit_quick(tmp_path):
     assert f["data/best_loader_setting"]["value"] >= 1
     assert f["data/instrumentation_overhead"]["value"] < 0.01
     assert f["data/h2d_pinned_speedup"]["value"] is None          # no copy on a CPU
+    # chapter 3: a real 2-process sweep and DDP runs (overlap from the emulated device on a CPU)
+    assert CH3_IDS <= set(f)
+    assert f["comm/measured_busbw"]["value"] > 0 and f["comm/measured_busbw"]["verdict"] == "info"
+    assert f["comm/alpha_beta_fit_error"]["value"] is not None
+    assert f["comm/overlap_saving"]["value"] is not None and "emulated" in f["comm/overlap_saving"]["message"]
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
-    assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead"} <= recs
+    assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
+            "overlap"} <= recs
     _assert_offline(out)
 
 
@@ -183,7 +197,8 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
                 "baseline/measured_scaling_efficiency", "data/small_file_slowdown", "data/headroom",
-                "data/headroom_default", "data/instrumentation_overhead"):
+                "data/headroom_default", "data/instrumentation_overhead", "comm/measured_busbw",
+                "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 

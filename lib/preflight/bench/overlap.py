@@ -1,0 +1,340 @@
+"""Where DDP's communication goes: hidden behind backward, or added to the step.
+
+Each rank trains the same stack of layers on its own fixed data under each configuration, all measured
+alike and interleaved (a warm-up round, then rounds of a few timed steps each, so a drifting background
+load hits every configuration): median step, slowest rank. ``exposed_comm_s = step_s -
+step_s(compute_only)``: what communication adds; ``saving_vs_no_overlap_s = step_s(manual_allreduce) -
+step_s``. Bytes are computed: ring all-reduce moves ``2 (n-1)/n`` x the buffer per rank.
+
+- ``compute_only``: each rank alone, no communication. ``manual_allreduce``: no DDP; all gradients
+  copied into one kept flat buffer and all-reduced after backward: the no-overlap reference.
+- ``ddp_bucket_small`` / ``_default`` / ``_huge``: ``bucket_cap_mb`` 1, DDP's default (25 MiB after a
+  1 MiB first bucket), and larger than the model (one bucket: it starts when backward ends). A bucket
+  is all-reduced as soon as its gradients exist, during the rest of backward; the last one (the first
+  layer's gradients) can never hide. Against an 8 MB model the default is nearly one bucket: 25 MiB
+  suits models of GBs, where it makes hundreds.
+- ``ddp_fp16_hook`` / ``ddp_bf16_hook``: half the bytes (torch's fp16 hook, ``preflight.hooks``' bf16);
+  ``ddp_powersgd``: PowerSGD rank 2, compressing after ``start_powerSGD_iter=10`` (the warm-up).
+- ``ddp_no_sync_k4``: 4 micro-batches per update, 3 under ``ddp.no_sync()``: time and bytes per
+  micro-batch (its exposed time also sheds 3 optimizer steps in 4; its loss is a different schedule).
+
+``real`` mode: Linear+ReLU layers on the CPU (gloo) or ``cuda:LOCAL_RANK`` (NCCL). On a CPU overlap
+cannot show: backward keeps the rank's core busy and gloo's thread waits for it (field notes).
+``emulated`` mode ("emulated device"): each layer's forward and backward are timed waits that free the
+CPU as a GPU kernel frees the host, and gradients are real tensors of the parameters' shapes, so DDP
+buckets and all-reduces them for real: an accelerator's overlap, measured on a laptop.
+
+Real mode adds ``loss_after_n`` (eval loss after ``updates`` steps, same seeds) and
+``loss_rel_diff_vs_fp32`` (vs ``ddp_bucket_default``): bucketing and the manual average match it, the
+16-bit hooks and PowerSGD change the numerics. PowerSGD on gloo runs each bucket in its own process
+group (see ``_runner``: torch's hook otherwise crashes or hangs there with 2+ buckets).
+
+    torchrun --nproc_per_node=2 -m preflight.bench.overlap --mode emulated --out DIR [--quick]
+    run_overlap("emulated")          # the same under torchrun --standalone; a DataFrame
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+METHOD, METHOD_VERSION = "overlap", 1
+CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
+           "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd", "ddp_no_sync_k4")
+NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "fp16 gradients",
+            "ddp_bf16_hook": "bf16 gradients", "ddp_powersgd": "PowerSGD rank 2 + error feedback",
+            "ddp_no_sync_k4": "4 micro-batches per update"}          # the rest: fp32 average
+POWERSGD_RANK, POWERSGD_START, ACCUM_K = 2, 10, 4
+ROUNDS = 4
+WARMUP = POWERSGD_START + 2          # every configuration, so that PowerSGD compresses when timed
+# (layers, hidden, batch, lr, forward ms per layer, backward ms per layer)
+SETUPS = {"emulated": (8, 512, 8, 1e-3, 1.0, 2.0), "real": (8, 512, 64, 0.02, None, None),
+          "real-quick": (4, 256, 32, 0.02, None, None)}
+
+
+def comm_bytes_per_step(config: str, shapes, world_size: int, k: int = ACCUM_K,
+                        powersgd_rank: int = POWERSGD_RANK, elem_bytes: int = 4) -> float:
+    """Bytes each rank sends per (micro-)step under ``config``, for parameters of ``shapes``.
+
+    Ring all-reduce moves ``2 (n-1)/n`` x the buffer. fp16/bf16 hooks: half. PowerSGD: each matrix
+    (``shape[0]`` x the rest) becomes ``(rows + cols) x rank`` values (P and Q), unless that is not 2x
+    smaller (``min_compression_rate``): vectors then go uncompressed, as in torch's hook.
+    """
+    from preflight.models.comm import busbw_factor
+
+    numel = [math.prod(s) for s in shapes]
+    factor = busbw_factor(world_size) * elem_bytes
+    if config == "compute_only" or world_size < 2:
+        return 0.0
+    if config in ("ddp_fp16_hook", "ddp_bf16_hook"):
+        return sum(numel) * factor / 2
+    if config == "ddp_powersgd":
+        total = 0
+        for s, n_el in zip(shapes, numel):
+            rows = s[0]
+            cols = n_el // rows
+            r = min(rows, cols, powersgd_rank)
+            total += (rows + cols) * r if (rows + cols) * r * 2 < n_el else n_el
+        return total * factor
+    return sum(numel) * factor / (k if config.startswith("ddp_no_sync") else 1)
+
+
+def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0):
+    import torch
+    from torch import nn
+
+    class Wait(torch.autograd.Function):
+        """Forward and backward are waits (GIL released, core free); the gradients are fills."""
+
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.shapes = weight.shape, bias.shape
+            time.sleep(fwd_s)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(bwd_s)
+            return grad, grad.new_full(ctx.shapes[0], 1e-3), grad.new_full(ctx.shapes[1], 1e-3)
+
+    class EmulatedLayer(nn.Linear):
+        def forward(self, x):
+            return Wait.apply(x, self.weight, self.bias)
+
+    torch.manual_seed(seed)                    # the same initial weights on every rank
+    mods = []
+    for i in range(layers):
+        lin = (EmulatedLayer if mode == "emulated" else nn.Linear)(hidden, hidden)
+        nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
+        nn.init.zeros_(lin.bias)
+        mods += [lin, nn.ReLU()] if i < layers - 1 else [lin]
+    return nn.Sequential(*mods).to(device)
+
+
+def _runner(config, mode, setup, device, rank, world):
+    """A fresh model trained under ``config``: (step, k micro-batches per step, finish). ``step()`` is one
+    update; ``finish()`` -> (eval loss, updates, PowerSGD measured compression ratio or None)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from preflight import hooks
+
+    layers, hidden, batch, lr, fwd_ms, bwd_ms = setup
+    model = _make_model(mode, layers, hidden, (fwd_ms or 0) / 1e3, (bwd_ms or 0) / 1e3, device)
+    params = list(model.parameters())
+    teacher = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(7)) / hidden ** 0.5
+    gen = torch.Generator().manual_seed(1000 + rank)           # each rank its own fixed data
+    xs = [torch.randn(batch, hidden, generator=gen) for _ in range(4)]
+    batches = [(x.to(device), (x @ teacher).to(device)) for x in xs]
+    net, k, state = model, 1, None
+    if config.startswith("ddp_"):
+        cap = {"ddp_bucket_small": 1, "ddp_bucket_default": None,
+               "ddp_bucket_huge": sum(p.numel() * 4 for p in params) // 2**20 + 2}.get(config)
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cap)
+        if config == "ddp_fp16_hook":
+            net.register_comm_hook(None, hooks.fp16_compress_hook)
+        elif config == "ddp_bf16_hook":
+            net.register_comm_hook(None, hooks.bf16_compress_hook)
+        elif config == "ddp_powersgd":
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+                                       start_powerSGD_iter=POWERSGD_START)
+            hook = psgd.powerSGD_hook
+            if dist.get_backend() == "gloo":
+                # torch's hook issues each bucket's P and Q all-reduces from completion callbacks, so
+                # with 2+ buckets in flight the ranks can issue them in different orders: gloo then
+                # fails ("Received data size doesn't match") or its callback threads block on each
+                # other (a hang). One process group per bucket keeps each bucket's chain apart.
+                groups = [dist.new_group(backend="gloo") for _ in params]   # >= number of buckets
+
+                def hook(st, bucket):
+                    st.process_group = groups[bucket.index() % len(groups)]
+                    return psgd.powerSGD_hook(st, bucket)
+            net.register_comm_hook(state, hook)
+        elif config.startswith("ddp_no_sync"):
+            k = ACCUM_K
+    opt = torch.optim.SGD(params, lr=lr)
+    seen, flat = {"batches": 0, "updates": 0}, torch.empty(sum(p.numel() for p in params), device=device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for j in range(k):
+            x, y = batches[seen["batches"] % len(batches)]
+            seen["batches"] += 1
+            with net.no_sync() if j < k - 1 else contextlib.nullcontext():
+                torch.nn.functional.mse_loss(net(x), y).backward()
+        if config == "manual_allreduce":          # after backward, all at once: nothing to overlap with
+            torch.cat([p.grad.view(-1) for p in params], out=flat)   # a kept buffer, as DDP's buckets
+            dist.all_reduce(flat)
+            flat.div_(world)
+            for p, avg in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(avg.view_as(p))
+        opt.step()
+        seen["updates"] += 1
+
+    def finish():
+        with torch.no_grad():
+            x = torch.randn(256, hidden, generator=torch.Generator().manual_seed(999))
+            loss = float(torch.nn.functional.mse_loss(model(x.to(device)), (x @ teacher).to(device)))
+        ratio = None
+        if state is not None and state.total_numel_before_compression:
+            ratio = state.total_numel_after_compression / state.total_numel_before_compression
+        return loss, seen["updates"], ratio
+
+    return step, k, finish
+
+
+def _measure(mode, setup, device, rank, world, steps, rounds=ROUNDS):
+    """Every configuration, interleaved: warm-up each, then ``rounds`` rounds in which each runs
+    ``steps / rounds`` timed steps (a drifting background load then hits them all alike).
+    ``{config: (this rank's median s per micro-batch step, loss, updates, ratio)}``. Own function:
+    the DDP objects and their reducers die before the process group does."""
+    import torch.distributed as dist
+
+    from preflight.timing import summarize, time_fn
+
+    runners = {c: _runner(c, mode, setup, device, rank, world) for c in CONFIGS}
+    samples = {c: [] for c in CONFIGS}
+    per_round = math.ceil(steps / rounds)
+    for rnd in range(rounds + 1):             # round 0: warm-up (PowerSGD starts compressing after it)
+        for config, (step, k, _) in runners.items():
+            dist.barrier()
+            if rnd == 0:                      # no_sync: fewer updates, each of k micro-batches
+                for _ in range(math.ceil(WARMUP / k)):
+                    step()
+                continue
+            t = time_fn(step, device=device, warmup=0, repeats=max(2, math.ceil(per_round / k)))
+            samples[config] += [x / k for x in t.samples_s]
+    return {c: (summarize(samples[c]).median_s, *runners[c][2]()) for c in CONFIGS}
+
+
+def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
+    """One rank: every configuration (``_measure``); rank 0 writes the record and returns it."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from preflight.bench.scaling import dist_env
+    from preflight.records import make_record, save_record
+
+    de = dist_env()
+    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("master_addr", "MASTER_ADDR"),
+                     ("master_port", "MASTER_PORT")):
+        os.environ.setdefault(var, str(de[key]))
+    # a GPU per local rank, else the CPU (a 1-GPU box cannot host 2 NCCL ranks on one device)
+    gpu = mode == "real" and torch.cuda.is_available() and torch.cuda.device_count() >= de["local_world_size"]
+    device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count()) if gpu else torch.device("cpu")
+    kw = {"device_id": device} if gpu else {}
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=de["rank"], world_size=de["world_size"],
+                            timeout=datetime.timedelta(seconds=120), **kw)
+    world, backend = de["world_size"], dist.get_backend()
+    setup = SETUPS["real-quick" if mode == "real" and quick else mode]
+    try:
+        results = {}
+        for config, (med, loss, updates, ratio) in _measure(mode, setup, device, de["rank"], world,
+                                                            steps).items():
+            every = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+            dist.all_gather(every, torch.tensor([med], dtype=torch.float64, device=device))
+            results[config] = (max(float(t) for t in every), loss, updates, ratio)
+        gc.collect()
+        record = None
+        if de["rank"] == 0:
+            layers, hidden, batch, lr, fwd_ms, bwd_ms = setup
+            shapes = [tuple(p.shape) for p in _make_model(mode, layers, hidden, 0, 0, "cpu").parameters()]
+            base, ref = results["compute_only"][0], results["manual_allreduce"][0]
+            fp32_loss = results["ddp_bucket_default"][1]
+            rows = []
+            for config, (step_s, loss, updates, ratio) in results.items():
+                row = {"config": config, "step_s": step_s, "exposed_comm_s": step_s - base,
+                       "bytes_per_step_per_rank": comm_bytes_per_step(config, shapes, world),
+                       "saving_vs_no_overlap_s": ref - step_s, "updates": updates,
+                       "numerics": NUMERICS.get(config, "fp32 average")}
+                if mode == "real":
+                    row.update(loss_after_n=loss, loss_rel_diff_vs_fp32=abs(loss - fp32_loss) / fp32_loss)
+                if ratio is not None:
+                    row["powersgd_measured_ratio"] = ratio
+                rows.append(row)
+            n_params = sum(math.prod(s) for s in shapes)
+            res = {"mode": mode, "label": "emulated device (timed waits)" if mode == "emulated" else
+                   f"real ({device.type})", "backend": backend, "world_size": world, "rows": rows,
+                   "params": n_params, "grad_bytes": n_params * 4, "device_kind": device.type,
+                   "warmup_steps": WARMUP, "steps": steps, "omp_num_threads": torch.get_num_threads()}
+            if mode == "emulated":
+                res.update(forward_ms_per_layer=fwd_ms, backward_ms_per_layer=bwd_ms)
+            params = {"layers": layers, "hidden": hidden, "batch": batch, "lr": lr, "quick": quick,
+                      "powersgd_rank": POWERSGD_RANK, "start_powerSGD_iter": POWERSGD_START,
+                      "accumulation_k": ACCUM_K, "rounds": ROUNDS,
+                      "bucket_cap_mb": {"small": 1, "default": "25 (1 MiB first)", "huge": n_params * 4 // 2**20 + 2}}
+            record = make_record(METHOD, METHOD_VERSION, params, res)
+            save_record(record, out, name=f"{mode}-n{world}")
+        dist.barrier()               # field notes: without it some runs abort at exit
+        return record
+    finally:
+        dist.destroy_process_group()
+
+
+def overlap_frame(record: dict):
+    """The record's rows as a DataFrame (``attrs["record"]`` holds the record)."""
+    import pandas as pd
+
+    df = pd.DataFrame(record["results"]["rows"])
+    df.attrs["record"] = record
+    return df
+
+
+def run_overlap(mode: str = "emulated", nproc: int = 2, out=None, quick: bool = False,
+                timeout: float = 300.0, steps: int | None = None):
+    """Run the worker under ``torchrun --standalone --nproc_per_node=nproc``; the table."""
+    from preflight.bench.scaling import _run, max_processes
+
+    if mode not in ("emulated", "real"):
+        raise ValueError(f"mode must be 'emulated' or 'real' (got {mode!r})")
+    steps = steps if steps is not None else (8 if quick else 20)
+    with tempfile.TemporaryDirectory(prefix="preflight-overlap-") as tmp:
+        out_dir = Path(out) if out is not None else Path(tmp) / "records"
+        env = dict(os.environ, TMPDIR=tmp)
+        if mode == "emulated" or max_processes()[1].startswith("processes"):
+            env["OMP_NUM_THREADS"] = "1"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "preflight.bench.overlap", "--mode", mode, "--out", str(out_dir), "--steps", str(steps)]
+        _run(cmd + (["--quick"] if quick else []), env, timeout)
+        record = json.loads((out_dir / f"{METHOD}-{mode}-n{nproc}.json").read_text())
+    return overlap_frame(record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.overlap",
+                                 description="one rank of the DDP overlap measurement (under torchrun), "
+                                             "or --launch N to start torchrun and print the table")
+    ap.add_argument("--mode", choices=("emulated", "real"), default="emulated")
+    ap.add_argument("--out", required=True, help="results folder (rank 0 writes overlap-<mode>-n<N>.json)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20, 8 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps; real mode: a smaller model")
+    ap.add_argument("--launch", type=int, default=None, metavar="N", help="run torchrun with N processes")
+    args = ap.parse_args(argv)
+    if args.launch:
+        df = run_overlap(args.mode, args.launch, out=args.out, quick=args.quick, steps=args.steps)
+        print(df.to_string(index=False))
+        return 0
+    steps = args.steps if args.steps is not None else (8 if args.quick else 20)
+    if worker(args.mode, args.out, steps=steps, quick=args.quick) is not None:
+        print(f"overlap: record written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main()                       # os._exit: see preflight.bench.scaling (gloo teardown aborts)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
