@@ -91,6 +91,11 @@ class FindingSink:
             tmp.replace(self.path)
         return f
 
+    def not_measured(self, fid: str, unit: str, threshold: str, fix: str, why: str) -> Finding:
+        """A finding that could not be measured here (plan-only, no GPU...): value None, verdict info."""
+        return self.add(id=fid, value=None, unit=unit, verdict="info", threshold=threshold,
+                        message=f"not measured: {why}", fix=fix, source="not measured")
+
     def frame(self):
         import pandas as pd
 

@@ -49,6 +49,8 @@ from pathlib import Path
 
 from preflight.models.comm import busbw_factor, fit_alpha_beta, ring_allreduce_time
 
+from preflight.bench import exit_worker
+
 METHOD, METHOD_VERSION = "allreduce", 1
 DTYPES = {"float32": 4, "bfloat16": 2}
 MAX_BYTES_LIMIT = 4 * 1024**3
@@ -295,9 +297,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit, as in preflight.bench.scaling: the record is written and the group destroyed; a normal
-    # exit occasionally aborts in gloo's C++ teardown on this box and torchrun would fail the run.
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    exit_worker(main)

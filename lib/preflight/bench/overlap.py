@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from preflight.bench import exit_worker
+
 METHOD, METHOD_VERSION = "overlap", 1
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
            "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd", "ddp_no_sync_k4")
@@ -334,7 +336,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    rc = main()                       # os._exit: see preflight.bench.scaling (gloo teardown aborts)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    exit_worker(main)

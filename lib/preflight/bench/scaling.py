@@ -37,6 +37,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from preflight.bench import exit_worker
+
 METHOD, METHOD_VERSION = "scaling", 1
 WARMUP_STEPS = 3
 
@@ -356,12 +358,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Ends with os._exit: by now the record is written and every rank has passed the barrier and
-    # destroyed the process group, so nothing is left to do. A normal exit still aborted in about 1
-    # run in 40 on gloo (2 cores, torch 2.13: "terminate called without an active exception", in C++
-    # teardown after the last Python frame), and torchrun then failed a finished stage; with
-    # os._exit, 0 in 80. (main() itself returns normally, for callers in-process.)
-    rc = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    exit_worker(main)

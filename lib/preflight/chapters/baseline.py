@@ -86,10 +86,6 @@ def measured_serial_parallel(composition: list[dict]) -> tuple[float, float]:
     return serial, parallel
 
 
-def _not_measured(sink: FindingSink, fid: str, unit: str, threshold: str, fix: str, why: str) -> None:
-    sink.add(id=fid, value=None, unit=unit, verdict="info", threshold=threshold,
-             message=f"not measured: {why}", fix=fix, source="not measured")
-
 
 CPU_NOT_JUDGED = "CPU fallback, not judged (thresholds are for GPUs); on a GPU: "
 
@@ -105,11 +101,11 @@ def add_measured_findings(sink: FindingSink, base, fusion,
     fix_mfu = "Profile one device first; fuse memory-bound ops (torch.compile), check the data wait, then scale."
     fix_mb = "Fuse elementwise/normalisation ops (torch.compile, fused kernels) before adding GPUs."
     if base is None:
-        _not_measured(sink, "baseline/throughput", "tokens/s", "recorded for reference", "Run the audit in "
+        sink.not_measured("baseline/throughput", "tokens/s", "recorded for reference", "Run the audit in "
                       "measure mode, or pass --results with a baseline record from your cluster.", why_missing)
-        _not_measured(sink, "baseline/peak_memory", "bytes", "below the device memory", fix_mfu, why_missing)
-        _not_measured(sink, "baseline/mfu", "fraction", mfu_words, fix_mfu, why_missing)
-        _not_measured(sink, "baseline/memory_bound_share", "fraction", mb_words, fix_mb, why_missing)
+        sink.not_measured("baseline/peak_memory", "bytes", "below the device memory", fix_mfu, why_missing)
+        sink.not_measured("baseline/mfu", "fraction", mfu_words, fix_mfu, why_missing)
+        sink.not_measured("baseline/memory_bound_share", "fraction", mb_words, fix_mb, why_missing)
     else:
         r, src = base.results, base.source
         th, cfg = r["throughput"], r["config"]
@@ -158,7 +154,7 @@ def add_measured_findings(sink: FindingSink, base, fusion,
                  fix=fix_mb, source=src)
     if fusion is None or not fusion.results.get("available"):
         why = why_missing if fusion is None else f"torch.compile unavailable ({fusion.results.get('reason')})"
-        _not_measured(sink, "baseline/fusion_speedup", "x", "recorded for reference", fix_mb, why)
+        sink.not_measured("baseline/fusion_speedup", "x", "recorded for reference", fix_mb, why)
     else:
         f = fusion.results
         sink.add(id="baseline/fusion_speedup", value=f["speedup_fwd_bwd"], unit="x", verdict="info",
@@ -177,7 +173,7 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
     """The staged scaling measured on this machine (1 -> 2 processes on a CPU box). ``judged=False``
     (CPU processes fighting for two cores) records the number without a verdict."""
     if stages is None or len(stages) < 2:
-        _not_measured(sink, "baseline/measured_scaling_efficiency", "fraction", "recorded for reference",
+        sink.not_measured("baseline/measured_scaling_efficiency", "fraction", "recorded for reference",
                       "Measure 1 -> 8 GPUs on one node first (torchrun), then 64, 512.",
                       "plan-only mode or a single device")
         return

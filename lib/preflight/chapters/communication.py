@@ -91,18 +91,14 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     return p
 
 
-def _not_measured(sink, fid, unit, threshold, fix, why):
-    sink.add(id=fid, value=None, unit=unit, verdict="info", threshold=threshold,
-             message=f"not measured: {why}", fix=fix, source="not measured")
-
 
 def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: str = "plan-only mode") -> None:
     """``sweep``: a ``Measured`` whose results are an all-reduce record's results (or None)."""
     fit_words = judge(None, warn=FIT_WARN, fail=FIT_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
     if sweep is None:
-        _not_measured(sink, "comm/measured_busbw", "GB/s", "recorded for reference",
+        sink.not_measured("comm/measured_busbw", "GB/s", "recorded for reference",
                       "Measure your interconnect: torchrun -m preflight.bench.allreduce", why_missing)
-        _not_measured(sink, "comm/alpha_beta_fit_error", "fraction", fit_words,
+        sink.not_measured("comm/alpha_beta_fit_error", "fraction", fit_words,
                       "Use measured times per size rather than the model where the fit is poor.", why_missing)
         return
     r = sweep.results
@@ -150,9 +146,9 @@ def add_overlap_findings(sink: FindingSink, emulated, real, why_missing: str = "
     device on a CPU (where real overlap cannot show), from the real run on GPUs."""
     run = real if real is not None and real.results.get("backend") == "nccl" else emulated
     if run is None:
-        _not_measured(sink, "comm/overlap_saving", "fraction", "recorded for reference",
+        sink.not_measured("comm/overlap_saving", "fraction", "recorded for reference",
                       "DDP buckets (bucket_cap_mb) overlap the all-reduce with backward.", why_missing)
-        _not_measured(sink, "comm/bf16_saving", "fraction", "recorded for reference",
+        sink.not_measured("comm/bf16_saving", "fraction", "recorded for reference",
                       "A bf16 compression hook halves the bytes.", why_missing)
         return
     by = {r["config"]: r for r in run.results["rows"]}

@@ -82,10 +82,6 @@ def break_points(storage: dict, prep: dict, assembly: dict, consume: dict, h2d: 
     return df
 
 
-def _not_measured(sink, fid, unit, threshold, fix, why):
-    sink.add(id=fid, value=None, unit=unit, verdict="info", threshold=threshold,
-             message=f"not measured: {why}", fix=fix, source="not measured")
-
 
 HEADROOM_WORDS = judge(None, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL, fmt="{:g}x")[1]
 IDLE_WORDS = judge(None, warn=IDLE_WARN, fail=IDLE_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
@@ -113,9 +109,9 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
     """Findings from the storage/break-point measurement (``pipe``), the tuner (``tune``) and the
     instrumentation overhead (``overhead``): ``preflight.chapter.Measured`` objects or None."""
     if pipe is None:
-        _not_measured(sink, "data/small_file_slowdown", "x", "recorded for reference",
+        sink.not_measured("data/small_file_slowdown", "x", "recorded for reference",
                       "Pack small files into shards.", why_missing)
-        _not_measured(sink, "data/h2d_pinned_speedup", "x", "recorded for reference",
+        sink.not_measured("data/h2d_pinned_speedup", "x", "recorded for reference",
                       "Pin host memory and copy with non_blocking=True.", why_missing)
     else:
         st = pipe.results["storage"]
@@ -138,13 +134,13 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                               f"{h['pinned_s'] * 1e3:.3g} ms ({h['pinned_GBps']:.1f} GB/s)."),
                      fix="DataLoader(pin_memory=True) and .to(device, non_blocking=True).", source=pipe.source)
         else:
-            _not_measured(sink, "data/h2d_pinned_speedup", "x", "recorded for reference",
+            sink.not_measured("data/h2d_pinned_speedup", "x", "recorded for reference",
                           "On a GPU: DataLoader(pin_memory=True) and .to(device, non_blocking=True).",
                           h.get("reason", "no GPU"))
     if tune is None:
         for fid, unit in (("data/headroom", "x"), ("data/headroom_default", "x"),
                           ("data/best_loader_setting", "workers")):
-            _not_measured(sink, fid, unit, HEADROOM_WORDS if unit == "x" else "recorded for reference",
+            sink.not_measured(fid, unit, HEADROOM_WORDS if unit == "x" else "recorded for reference",
                           FIX_LOADER, why_missing)
     else:
         t = tune.results
@@ -170,7 +166,7 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                              f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
                  fix=FIX_LOADER, source=src)
     if overhead is None:
-        _not_measured(sink, "data/instrumentation_overhead", "fraction",
+        sink.not_measured("data/instrumentation_overhead", "fraction",
                       judge(None, warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL, higher_is_better=False, fmt="{:.0%}")[1],
                       "Wrap the loader in preflight.loadmon.LoaderMonitor and keep it on.", why_missing)
     else:
