@@ -128,21 +128,11 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.scaling import dist_env
+    from preflight.bench.scaling import init_distributed
     from preflight.device import probe
     from preflight.records import make_record, save_record
 
-    de = dist_env()
-    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
-                     ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
-        os.environ.setdefault(var, str(de[key]))       # srun / single: what init_process_group reads
-    if torch.cuda.is_available():
-        device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=de["rank"], world_size=de["world_size"])
+    de, device = init_distributed()
     try:
         world, load_before = de["world_size"], os.getloadavg()[0]
         rows = _sweep(dist, sizes, iters, dtype, device, world)

@@ -97,6 +97,28 @@ def dist_env(environ: dict | None = None) -> dict:
             "launcher": "single"}
 
 
+def init_distributed(**kw):
+    """Join the process group from the launcher's environment: (dist_env dict, this rank's device).
+
+    NCCL on ``cuda:LOCAL_RANK`` when there are GPUs, gloo on the CPU. ``kw`` goes to
+    ``init_process_group`` (e.g. ``timeout``)."""
+    import torch
+    import torch.distributed as dist
+
+    de = dist_env()
+    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
+                     ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+        os.environ.setdefault(var, str(de[key]))     # srun / single: what init_process_group reads
+    if torch.cuda.is_available():
+        device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device, **kw)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=de["rank"], world_size=de["world_size"], **kw)
+    return de, device
+
+
 def _free_port() -> int:
     import socket
 
@@ -154,18 +176,7 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
     from preflight.bench import reference as ref
     from preflight.records import make_record, save_record
 
-    de = dist_env()
-    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
-                     ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
-        os.environ.setdefault(var, str(de[key]))     # srun / single: what init_process_group reads
-    gpu = torch.cuda.is_available()
-    if gpu:
-        device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=de["rank"], world_size=de["world_size"])
+    de, device = init_distributed()
     backend = dist.get_backend()
     try:
         cfg = ref.config_for(device, tiny=quick)
@@ -182,7 +193,7 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
             results = {
                 "world_size": de["world_size"], "nodes": de["nodes"], "launcher": de["launcher"],
                 "processes_per_node": de["local_world_size"], "backend": backend,
-                "device_kind": device.type, "unit": "GPUs (nccl)" if gpu else "processes (CPU, gloo)",
+                "device_kind": device.type, "unit": "GPUs (nccl)" if device.type == "cuda" else "processes (CPU, gloo)",
                 "omp_num_threads": torch.get_num_threads(), "per_rank_batch": cfg.batch,
                 "step_s": step_s, "step_s_per_rank": [r[0] for r in per_rank],
                 "step_s_p10_p90_per_rank": [r[1:] for r in per_rank],
