@@ -108,8 +108,16 @@ from preflight.bench import allreduce as bench_allreduce
 from preflight.bench.scaling import max_processes
 
 nproc = min(max_processes()[0], 8) if ch.device.is_gpu else 2
-sweep = ch.measurement("allreduce", lambda: bench_allreduce.run_sweep(nproc=nproc, quick=ch.quick).attrs["record"]["results"],
-                       version=bench_allreduce.METHOD_VERSION, name=f"n{nproc}") if nproc >= 2 else None
+nccl_log = ""
+
+def measure_sweep():
+    global nccl_log
+    df = bench_allreduce.run_sweep(nproc=nproc, quick=ch.quick)
+    nccl_log = df.attrs.get("log", "")          # NCCL_DEBUG=INFO output on GPUs
+    return df.attrs["record"]["results"]
+
+sweep = (ch.measurement("allreduce", measure_sweep, version=bench_allreduce.METHOD_VERSION, name=f"n{nproc}")
+         if nproc >= 2 else None)
 if sweep:
     sw = bench_allreduce.sweep_frame({"results": sweep.results})
     print(f"{sweep.source}: {sweep.results['world_size']} ranks, {sweep.results.get('backend')}")
@@ -184,6 +192,10 @@ if topo is not None:
 else:
     print("nvidia-smi topo -m: not available here (no NVIDIA GPU). On a GPU node it shows the links "
           "(NV# = NVLink, PIX/PXB = PCIe switch, SYS = across CPU sockets).")
+if "NCCL INFO" in nccl_log:
+    parsed = topology.parse_nccl_log(nccl_log)
+    print("What NCCL chose for the sweep above (NCCL_DEBUG=INFO):", topology.nccl_findings_text(parsed))
+    ch.table(topology.nccl_summary(parsed))
 ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the log: "
         "`preflight.topology.parse_nccl_log(text)` gives the transports (P2P/NVLink, SHM, NET/IB with "
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")

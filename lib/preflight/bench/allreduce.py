@@ -211,13 +211,17 @@ def run_sweep(nproc: int = 2, out=None, quick: bool = False, timeout: float = 30
         env = dict(os.environ, TMPDIR=tmp)
         if unit.startswith("processes"):
             env["OMP_NUM_THREADS"] = "1"
-        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        else:       # GPUs: keep NCCL's INFO log, so the chapter can show which transport it chose
+            env.setdefault("NCCL_DEBUG", "INFO")
+        log = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
               "-m", "preflight.bench.allreduce", "--out", str(out_dir), *args], env, timeout)
         path = out_dir / f"{METHOD}-n{nproc}.json"
         record = json.loads(path.read_text())
     if out is not None:
         record["_path"] = str(path)
-    return sweep_frame(record)
+    df = sweep_frame(record)
+    df.attrs["log"] = log
+    return df
 
 
 # --- command line -----------------------------------------------------------------------------------

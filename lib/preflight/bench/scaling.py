@@ -264,8 +264,9 @@ def run_stages(ns=(1, 2), out: str | os.PathLike | None = None, quick: bool = Fa
     return df
 
 
-def _run(cmd: list[str], env: dict, timeout: float) -> None:
-    """Run torchrun in its own process group; on timeout stop that group (agent and workers)."""
+def _run(cmd: list[str], env: dict, timeout: float) -> str:
+    """Run torchrun in its own process group; on timeout stop that group (agent and workers).
+    Returns its output (stdout and stderr together), e.g. the NCCL_DEBUG=INFO log."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -282,6 +283,7 @@ def _run(cmd: list[str], env: dict, timeout: float) -> None:
     if proc.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-60:])
         raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
+    return output
 
 
 # --- records -> table --------------------------------------------------------------------------------
