@@ -44,3 +44,44 @@ def test_slider_ranges_contain_start(ts, tc):
     box = amdahl_explorer(ts, tc, 64)
     for s, v in zip(box.children[1].children[:2], (ts, tc)):
         assert s.min <= s.value <= s.max and s.value == pytest.approx(v)
+
+
+def _controls(box) -> dict:
+    return {c.description: c for c in box.children[1].children}
+
+
+def test_allreduce_calculator_reproduces_the_field_case_and_follows_the_sliders():
+    from preflight.models import comm
+    from preflight.widgets import allreduce_explorer
+
+    box = allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per GPU", 0.8, 0.09, 8, 450.0)
+    r = _readout(box)
+    assert r["bytes"] == "55.9 GB"
+    assert r["flat_s"] == f"{comm.ring_allreduce_time(28e9, 1024, 25.0, 10e-6):.3g} s" == "2.26 s"
+    assert r["ratio"] == "2.82x"
+    c = _controls(box)
+    c["gradient dtype"].value = "bf16"
+    r = _readout(box)
+    assert r["bytes"] == "28 GB"
+    assert r["flat_s"] == f"{comm.ring_allreduce_time(14e9, 1024, 25.0, 10e-6):.3g} s"
+    c["log2 D (DP ranks)"].value = 3          # 8 ranks: one node, the ring runs on NVLink
+    r = _readout(box)
+    assert r["flat_s"] == f"{comm.ring_allreduce_time(14e9, 8, 450.0, 5e-6):.3g} s"
+    assert r["hier_s"] == r["flat_s"]
+
+
+def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas():
+    from preflight.models import data as M
+    from preflight.widgets import listing_explorer, supply_explorer
+
+    box = listing_explorer(10_000_000, 0.5, 8)
+    c = _controls(box)
+    assert c["files"].value == pytest.approx(1e7) and c["stat per file (ms)"].value == pytest.approx(0.5)
+    assert _readout(box)["listing_s"].startswith("5,000.0 s")
+    c["stat per file (ms)"].value = c["stat per file (ms)"].value * 2
+    assert _readout(box)["listing_s"].startswith(f"{M.listing_time_s(10_000_000, 'lustre', c['stat per file (ms)'].value / 1e3):,.1f} s")
+
+    box = supply_explorer(900.0, 1000.0, measured_idle=0.12)
+    r = _readout(box)
+    assert r["headroom"] == "0.90x" and r["idle"] == "10.0%" and r["verdict"] == "fail"
+    assert r["measured_idle"] == "12.0%"

@@ -76,7 +76,7 @@ class Chapter:
         from IPython.display import HTML, display
 
         table = df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", **fmt)
-        display(HTML('<div class="pf-table"><style>.pf-table td, .pf-table th { text-align: left; }</style>'
+        display(HTML('<div class="pf-table"><style>.pf-table td, .pf-table th { text-align: left !important; }</style>'
                      f"{table}</div>"))
 
     def note(self, text: str) -> None:

@@ -118,12 +118,12 @@ def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
 
 
 def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
-           log_y: bool = True, title: str = "", y_format: str | None = None) -> alt.LayerChart:
+           log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = "~s") -> alt.LayerChart:
     """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``."""
     sx = alt.Scale(type="log") if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
-    xaxis = alt.Axis(format="~s", labelOverlap="greedy") if log_x else alt.Axis()
+    xaxis = alt.Axis(format=x_format, labelOverlap="greedy") if log_x else alt.Axis()
     layers = [alt.Chart(df).mark_line().encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis),
                                                y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
                                                color=alt.Color(f"{color}:N", title=None))]

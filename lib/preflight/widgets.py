@@ -113,10 +113,12 @@ def listing_explorer(files: int, per_file_ms: float, mean_file_kB: float) -> W.V
         import pandas as pd
 
         xs = [10 ** (k / 4) for k in range(12, 41)]
+        # gpfs is assumed equal to lustre and object stores list in pages: drawn lines would hide each other
         df = pd.DataFrame([{"files": x, "listing (s)": M.listing_time_s(int(x), "lustre", lat.stat_s if s != "slider"
                                                                           else per_file_ms / 1e3), "storage": s}
                            for x in xs for s, lat in [*M.METADATA_LATENCY.items(), ("slider", None)]
-                           if s != "object"])
+                           if s not in ("object", "gpfs")])
+        df["storage"] = df["storage"].replace({"lustre": "lustre / gpfs", "slider": "your latency (slider)"})
         return text, charts.curves(df, "files", "listing (s)", "storage", mark_x=n,
                                    title="Start-up listing time (one client, serial)")
 
@@ -145,7 +147,7 @@ def supply_explorer(supply: float, consume: float, measured_idle: float | None =
         df = pd.DataFrame([{"supply / consumption": r, "device idle": M.idle_share(r, 1.0), "curve": "idle share"}
                            for r in ratios])
         return text, charts.curves(df, "supply / consumption", "device idle", "curve", mark_x=h, log_y=False,
-                                   title="Device idle share vs headroom (rule: 1.2x)", y_format="%")
+                                   title="Device idle share vs headroom (rule: 1.2x)", y_format="%", x_format="~g")
 
     return explorer(controls, compute, "Supply vs consumption explorer")
 
@@ -168,15 +170,16 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
                                style=style, layout=layout),
         "dtype": W.Dropdown(options=list(comm.BYTES_PER_ELEMENT), value=grad_dtype, description="gradient dtype",
                             style=style, layout=layout),
-        "tier": W.Dropdown(options=list(TIERS_GBps), value=tier, description="bandwidth tier", style=style,
+        "tier": W.Dropdown(options=list(TIERS_GBps), value=tier, description="inter-node tier", style=style,
                            layout=layout),
         "compute_s": _log_slider(compute_s, 1e-3, 100, "compute per step (s)"),
     }
 
     def times(m, d, dtype, bw):
         buf = m * comm.BYTES_PER_ELEMENT[dtype]
-        inter = d > gpus_per_node
-        flat = comm.ring_allreduce_time(buf, d, bw, INTER_NODE_LATENCY_S if inter else INTRA_NODE_LATENCY_S)
+        inter = d > gpus_per_node       # inside one node the ring runs on NVLink, across nodes on the tier
+        flat = (comm.ring_allreduce_time(buf, d, bw, INTER_NODE_LATENCY_S) if inter
+                else comm.ring_allreduce_time(buf, d, intra_GBps, INTRA_NODE_LATENCY_S))
         g, nodes = min(d, gpus_per_node), max(1, d // gpus_per_node)
         hier = comm.hierarchical_allreduce_time(buf, g, nodes, intra_GBps, bw, INTRA_NODE_LATENCY_S,
                                                 INTER_NODE_LATENCY_S)
@@ -191,7 +194,8 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
         text = readout({
             "bytes": ("bytes per rank per step", f"{comm.allreduce_bytes_per_rank(params, d, dtype) / 1e9:.3g} GB"),
             "flat_s": ("flat ring time", f"{flat:.3g} s"),
-            "hier_s": (f"hierarchical ({gpus_per_node} per node over {intra_GBps:g} GB/s, then across nodes)",
+            "hier_s": ((f"hierarchical ({gpus_per_node} per node over {intra_GBps:g} GB/s, then across nodes)"
+                        if d > gpus_per_node else f"hierarchical (one node: the same NVLink ring, {intra_GBps:g} GB/s)"),
                        f"{hier:.3g} s"),
             "ratio": ("communication / compute", f"{flat / compute_s:.2f}x"),
             "eff_no": ("efficiency, no overlap", f"{eff_no:.1%}"),

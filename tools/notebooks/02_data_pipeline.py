@@ -127,7 +127,7 @@ if pipe:
           f"listing {st['slowdown_list_warm']:.0f}x")
     ch.show("read_rate", charts.bars(pd.DataFrame(
         [{"read": f"{lay}, {c}", "MB/s": st[lay][f"read_{c}_MBps"]} for lay in ("small_files", "shards")
-         for c in ("cold", "warm")]), "MB/s", "read", title="Full read of the same samples (MB/s)"))
+         for c in ("cold", "warm")]), "MB/s", "read", title="Full read of the same samples (MB/s)", fmt=",.0f"))
     print("The profile's dataset with this machine's measured stat latency:")
     ch.table(C.listing_table(prof, st["small_files"]["stat_per_file_s"]).tail(1))
 else:
