@@ -66,6 +66,11 @@ class Data(_Strict):
     files: Annotated[int, Field(ge=1, le=10**12, description="number of files in the dataset")] = 1
     mean_file_kB: Annotated[float, Field(gt=0, le=1e9, description="mean file size, kB")] = 100_000.0
     storage: Literal["lustre", "gpfs", "nfs", "local_nvme", "object"] = "lustre"
+    length_median: Annotated[int, Field(ge=1, le=10_000_000, description="median sample length, tokens (lognormal)")] = 512
+    length_sigma: Annotated[float, Field(ge=0, le=5, description="lognormal sigma of sample lengths (0 = all equal)")] = 0.8
+    lengths_file: str = Field("", max_length=4096,
+                              description="file of real sample lengths (one integer per line, or a CSV with a "
+                                          "'length' column), relative to the profile; replaces the lognormal")
     scratch_dir: str = Field("", max_length=4096,
                              description="absolute folder on the dataset's storage for chapter 2's test "
                                          "dataset (a subfolder preflight-chapter2 is used); empty: .cache/ "

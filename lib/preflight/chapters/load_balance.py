@@ -1,0 +1,125 @@
+"""Chapter 4, load balance: padding waste of the profile's sample lengths, the pipeline bubble of its
+plan (``preflight.models.pipeline`` / ``padding``), and the measured bucketing speedup, pipeline
+bubble and partition gain, as findings.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from preflight.findings import FindingSink, judge
+from preflight.models import padding as PAD
+from preflight.models import pipeline as P
+from preflight.profile import Profile
+
+PROFILE_SOURCE = "computed from profile"
+
+# Thresholds (one home). Padding: a tenth of the tokens wasted is worth fixing, a third is the field
+# case's order. Bubble: under 10 % of the step is the Megatron-LM target (m >= 4 p); over 25 % wastes a
+# quarter of every GPU in the pipeline.
+PADDING_WARN, PADDING_FAIL = 0.10, 0.30
+BUBBLE_WARN, BUBBLE_FAIL = 0.10, 0.25
+PADDING_BATCH = 16               # samples per batch for the padding estimate
+PADDING_SAMPLES = 20_000         # lognormal sample drawn from the profile's median / sigma
+
+
+def lengths(profile: Profile, profile_path: str | Path | None = None):
+    """The profile's sample lengths: its lengths_file (relative to the profile) or a lognormal draw
+    with its median and sigma, clipped to model.seq_len."""
+    d = profile.data
+    if d.lengths_file:
+        path = Path(d.lengths_file)
+        if not path.is_absolute() and profile_path:
+            path = Path(profile_path).resolve().parent / path
+        return PAD.load_lengths(path)
+    return PAD.lognormal_lengths(PADDING_SAMPLES, median=d.length_median, sigma=d.length_sigma,
+                                 max_len=profile.model.seq_len, seed=0)
+
+
+def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None) -> pd.DataFrame:
+    """Padding waste and pipeline bubble of the plan; returns the padding table."""
+    lens = lengths(profile, profile_path)
+    table = PAD.padding_table(lens, PADDING_BATCH)
+    by = dict(zip(table["strategy"], table["waste"]))
+    in_batch = next(k for k in by if "batch" in k)
+    in_dataset = next(k for k in by if "dataset" in k)
+    bucket = next(k for k in by if "bucket" in k)
+    v, words = judge(by[in_batch], warn=PADDING_WARN, fail=PADDING_FAIL, higher_is_better=False, fmt="{:.0%}")
+    src = "profile's lengths_file" if profile.data.lengths_file else (
+        f"lognormal lengths, median {profile.data.length_median}, sigma {profile.data.length_sigma:g}, "
+        f"max {profile.model.seq_len}")
+    sink.add(id="balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
+             message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {by[in_batch]:.0%} of "
+                      f"the tokens computed ({src}); padding to the longest in the dataset {by[in_dataset]:.0%}; "
+                      f"length bucketing {by[bucket]:.0%}."),
+             fix="Batch by length (preflight.sampling.LengthBucketSampler) or pack sequences; never pad to the "
+                 "dataset's maximum.", source=PROFILE_SOURCE)
+
+    t = profile.training
+    v_chunks = t.interleave if t.pipeline_schedule == "interleaved" else 1
+    frac = P.bubble_fraction(t.pp, t.microbatches, v_chunks)
+    over = P.bubble_over_ideal(t.pp, t.microbatches, v_chunks)
+    wrong = P.wrong_bubble(t.pp, t.microbatches)
+    v, words = judge(frac, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False, fmt="{:.0%}")
+    plan = f"pp={t.pp}, m={t.microbatches}, {t.pipeline_schedule}" + (f", v={v_chunks}" if v_chunks > 1 else "")
+    sink.add(id="balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
+             message=(f"{plan}: the pipeline idles (p-1)/(v m + p-1) = {frac:.1%} of the step"
+                      + (" (no pipeline parallelism)." if t.pp == 1 else
+                         f"; the popular (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
+                         "drain slots by p m, as if the step lasted p m slots of one stage.")),
+             fix="More micro-batches (m >= 4 p), an interleaved schedule (v chunks per GPU), or fewer stages.",
+             source=PROFILE_SOURCE)
+    sink.add(id="balance/bubble_over_ideal", value=over, unit="fraction", verdict="info",
+             threshold="recorded for reference (Narayanan et al. 2021's bubble time fraction)",
+             message=f"{plan}: bubble time over ideal compute time (p-1)/(v m) = {over:.1%}.",
+             fix="More micro-batches or interleaving.", source=PROFILE_SOURCE)
+    return table
+
+
+def add_measured_findings(sink: FindingSink, padding, bubble, partition,
+                          why_missing: str = "plan-only mode (no live measurement)") -> None:
+    """``padding``: measured tokens/s per strategy; ``bubble``: measured vs formula bubble rows;
+    ``partition``: predicted and measured gains (``preflight.chapter.Measured`` or None each)."""
+    if padding is None:
+        sink.not_measured("balance/bucketing_speedup", "x", "recorded for reference",
+                          "Batch by length.", why_missing)
+    else:
+        r = padding.results
+        sink.add(id="balance/bucketing_speedup", value=r["bucketing_speedup"], unit="x", verdict="info",
+                 threshold="recorded for reference (> 1: bucketing pays)",
+                 message=(f"Useful tokens/s of a Transformer forward+backward: length bucketing is "
+                          f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
+                          f"{r['bucketing_speedup_vs_dataset']:.2f}x pad-to-longest-in-dataset."),
+                 fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler.",
+                 source=padding.source)
+    if bubble is None:
+        sink.not_measured("balance/measured_bubble", "fraction", "recorded for reference",
+                          "Measure the pipeline's idle share per rank.", why_missing)
+    else:
+        rows = pd.DataFrame(bubble.results["rows"])
+        ok = rows[~rows.get("oversubscribed", False)] if "oversubscribed" in rows else rows
+        ref = ok.sort_values(["p", "m"]).iloc[-1] if len(ok) else rows.iloc[-1]
+        parts = "; ".join(f"p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
+                          + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
+                          for x in rows.itertuples())
+        sink.add(id="balance/measured_bubble", value=float(ref["measured_bubble"]), unit="fraction",
+                 verdict="info", threshold="recorded for reference (against (p-1)/(v m + p-1))",
+                 message=(f"Measured idle share per rank, {ref['schedule']} (measured vs formula): {parts}. "
+                          f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
+                          "at large m the send/recv latency sets a floor the formula does not have."),
+                 fix="Trust the formula for small m; measure at large m.", source=bubble.source)
+    if partition is None:
+        sink.not_measured("balance/partition_gain", "x", "recorded for reference",
+                          "Partition stages by profiled layer time, not by layer count.", why_missing)
+    else:
+        r = partition.results
+        sink.add(id="balance/partition_gain", value=r["measured_gain"], unit="x", verdict="info",
+                 threshold="recorded for reference (> 1: partitioning by time pays)",
+                 message=(f"{r['p']} stages of the heterogeneous model: bottleneck by layer count "
+                          f"{r['bottleneck_count_s'] * 1e3:.2f} ms vs by time {r['bottleneck_time_s'] * 1e3:.2f} ms, "
+                          f"predicted gain {r['predicted_gain']:.2f}x; measured throughput "
+                          f"{r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s "
+                          f"({r['measured_gain']:.2f}x)."),
+                 fix="Profile every layer, then split at the exact optimal contiguous boundaries.",
+                 source=partition.source)
