@@ -18,6 +18,8 @@ CH2_IDS = {"data/small_file_slowdown", "data/listing_s_at_profile", "data/headro
 CH3_IDS = {"comm/allreduce_bytes_per_rank", "comm/allreduce_s", "comm/comm_compute_ratio", "comm/efficiency_no_overlap",
            "comm/efficiency_full_overlap", "comm/measured_busbw", "comm/alpha_beta_fit_error", "comm/overlap_saving",
            "comm/bf16_saving", "comm/topology"}
+CH4_IDS = {"balance/padding_waste", "balance/bucketing_speedup", "balance/bubble_fraction", "balance/bubble_over_ideal",
+           "balance/measured_bubble", "balance/partition_gain"}
 
 
 def _summary(out):
@@ -86,6 +88,11 @@ def test_plan_only_audit(tmp_path):
     assert 55e9 < f["comm/allreduce_bytes_per_rank"]["value"] < 57e9
     assert f["comm/allreduce_s"]["value"] > 2 and f["comm/comm_compute_ratio"]["verdict"] == "fail"
     assert f["comm/measured_busbw"]["value"] is None
+    # chapter 4: padding of the profile's lognormal lengths, no pipeline in the example (pp=1)
+    assert CH4_IDS <= set(f)
+    assert f["balance/padding_waste"]["value"] > 0.3 and f["balance/padding_waste"]["verdict"] == "fail"
+    assert f["balance/bubble_fraction"]["value"] == 0 and f["balance/bubble_fraction"]["verdict"] == "pass"
+    assert f["balance/measured_bubble"]["value"] is None
     assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
     index = (out / "index.html").read_text()
     assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
@@ -126,9 +133,14 @@ def test_measure_mode_audit_quick(tmp_path):
     assert f["comm/measured_busbw"]["value"] > 0 and f["comm/measured_busbw"]["verdict"] == "info"
     assert f["comm/alpha_beta_fit_error"]["value"] is not None
     assert f["comm/overlap_saving"]["value"] is not None and "emulated" in f["comm/overlap_saving"]["message"]
+    # chapter 4: bucketing measured, a real 2-stage pipeline whose bubble shrinks with m
+    assert CH4_IDS <= set(f)
+    assert f["balance/bucketing_speedup"]["value"] > 0
+    assert 0 < f["balance/measured_bubble"]["value"] < 0.6
+    assert f["balance/partition_gain"]["value"] > 0
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
-            "overlap"} <= recs
+            "overlap", "padding", "pipeline_bubble", "partition"} <= recs
     _assert_offline(out)
 
 
@@ -198,7 +210,8 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
                 "baseline/measured_scaling_efficiency", "data/small_file_slowdown", "data/headroom",
                 "data/headroom_default", "data/instrumentation_overhead", "comm/measured_busbw",
-                "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving"):
+                "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving", "balance/bucketing_speedup",
+                "balance/measured_bubble", "balance/partition_gain"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 

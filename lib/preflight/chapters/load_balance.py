@@ -22,6 +22,7 @@ PADDING_WARN, PADDING_FAIL = 0.10, 0.30
 BUBBLE_WARN, BUBBLE_FAIL = 0.10, 0.25
 PADDING_BATCH = 16               # samples per batch for the padding estimate
 PADDING_SAMPLES = 20_000         # lognormal sample drawn from the profile's median / sigma
+N_BUCKETS = 16                   # length buckets, as preflight.sampling.LengthBucketSampler's default
 
 
 def lengths(profile: Profile, profile_path: str | Path | None = None):
@@ -40,7 +41,7 @@ def lengths(profile: Profile, profile_path: str | Path | None = None):
 def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None) -> pd.DataFrame:
     """Padding waste and pipeline bubble of the plan; returns the padding table."""
     lens = lengths(profile, profile_path)
-    table = PAD.padding_table(lens, PADDING_BATCH)
+    table = PAD.padding_table(lens, PADDING_BATCH, n_buckets=N_BUCKETS)
     by = dict(zip(table["strategy"], table["waste"]))
     in_batch = next(k for k in by if "batch" in k)
     in_dataset = next(k for k in by if "dataset" in k)
@@ -52,7 +53,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     sink.add(id="balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
              message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {by[in_batch]:.0%} of "
                       f"the tokens computed ({src}); padding to the longest in the dataset {by[in_dataset]:.0%}; "
-                      f"length bucketing {by[bucket]:.0%}."),
+                      f"length bucketing ({N_BUCKETS} buckets) {by[bucket]:.0%}."),
              fix="Batch by length (preflight.sampling.LengthBucketSampler) or pack sequences; never pad to the "
                  "dataset's maximum.", source=PROFILE_SOURCE)
 
@@ -98,8 +99,11 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
                           "Measure the pipeline's idle share per rank.", why_missing)
     else:
         rows = pd.DataFrame(bubble.results["rows"])
-        ok = rows[~rows.get("oversubscribed", False)] if "oversubscribed" in rows else rows
-        ref = ok.sort_values(["p", "m"]).iloc[-1] if len(ok) else rows.iloc[-1]
+        ok = rows[~rows["oversubscribed"].astype(bool)] if "oversubscribed" in rows else rows
+        ok = ok if len(ok) else rows
+        # the reference point: 1F1B (the schedule in use) at the largest m that ran without oversubscription
+        pref = ok[ok["schedule"] == "1f1b"] if (ok["schedule"] == "1f1b").any() else ok
+        ref = pref.sort_values(["p", "m"]).iloc[-1]
         parts = "; ".join(f"p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
                           + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
                           for x in rows.itertuples())

@@ -1,0 +1,333 @@
+"""Pipeline parallelism, measured: what each rank of a real pipeline does with its time.
+
+A pipeline splits the model's layers into ``p`` stages, one per rank, and the batch into ``m``
+micro-batches. A rank can only work on a micro-batch once the previous stage has sent it, so while the
+pipe fills and drains some ranks wait. With equal stages, GPipe and 1F1B leave each rank idle for
+``p-1`` of ``m+p-1`` slots; interleaving ``v`` non-adjacent chunks per rank makes the slots ``v`` times
+shorter (Narayanan et al. 2021, arXiv 2104.04473)::
+
+    bubble (share of the step) = (p-1) / (v*m + p-1)        # p=2, m=1: 1/2;  p=4, m=8: 27 %
+
+Every rank times its own compute: ``forward_one_chunk`` / ``backward_one_chunk`` of its
+``PipelineStage`` (the schedule waits for the incoming activation or gradient *before* calling them,
+so they hold compute only) plus the loss on the last stage. A step runs from a barrier to a barrier,
+so every rank's ``step_s`` is the pipeline's, and ``idle = step - busy`` is its bubble plus send/recv
+and schedule overhead. The measured bubble is the mean idle share over ranks.
+
+Two models: ``balanced`` (identical MLP blocks split evenly: the formula applies) and ``hetero``
+(embedding, attention blocks, a wide FFN, an output head, of really different cost) for partitioning:
+``layer_times`` profiles its layers, and a split by *time* beats a split by *count* because the
+slowest stage sets the pace (pitfalls §4). Every layer must be placed exactly once; the record lists
+which stage got which layers.
+
+Ways in: the worker ``torchrun --nproc_per_node=P -m preflight.bench.pipeline --out DIR --schedule
+gpipe|1f1b|interleaved --microbatches M [--chunks V] [--partition 0,4 | --balanced-blocks] [--steps K]
+[--quick]`` (rank 0 writes the record, method "pipeline"); ``measure_bubble`` and ``run_partition``
+launch it here. On 2 CPU cores p=4 is oversubscribed: it runs, but measures the OS scheduler.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from itertools import pairwise
+from pathlib import Path
+
+from preflight.bench import exit_worker
+
+METHOD, METHOD_VERSION = "pipeline", 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+WARMUP_STEPS = 2
+# sizes by quick (False / True); "mb" is the micro-batch: sequences (hetero), rows (balanced)
+HETERO = {False: {"vocab": 8000, "d": 256, "seq": 64, "ffn": 2048, "mb": 2},
+          True: {"vocab": 4000, "d": 128, "seq": 64, "ffn": 1024, "mb": 2}}
+HETERO_NAMES = ["embedding", "attn1", "attn2", "wide_ffn", "attn3", "attn4", "head"]
+BALANCED = {False: {"d": 256, "blocks": 8, "mb": 64}, True: {"d": 256, "blocks": 8, "mb": 32}}
+
+
+def bubble_formula(p: int, m: int, v: int = 1) -> float:
+    """Idle share of a step with equal stages, ``(p-1) / (v*m + p-1)``: the playbook's model."""
+    from preflight.models.pipeline import bubble_fraction
+
+    return bubble_fraction(p, m, v)
+
+
+def hetero_layers(quick: bool = False) -> list:
+    """The heterogeneous model as ``[(name, module)]``: token ids (batch, seq) in, logits out."""
+    from torch import nn
+
+    s = HETERO[quick]
+
+    def attn():
+        return nn.TransformerEncoderLayer(s["d"], 4, dim_feedforward=2 * s["d"], dropout=0.0, batch_first=True)
+
+    wide = nn.Sequential(nn.Linear(s["d"], s["ffn"]), nn.GELU(), nn.Linear(s["ffn"], s["d"]))
+    modules = [nn.Embedding(s["vocab"], s["d"]), attn(), attn(), wide, attn(), attn(), nn.Linear(s["d"], s["vocab"])]
+    return list(zip(HETERO_NAMES, modules, strict=True))
+
+
+def balanced_layers(quick: bool = False) -> list:
+    """Identical MLP blocks ``d -> 4d -> d``: the stages are equal whatever the even split."""
+    from torch import nn
+
+    d = BALANCED[quick]["d"]
+    return [(f"mlp{i}", nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)))
+            for i in range(BALANCED[quick]["blocks"])]
+
+
+def layer_times(device="cpu", batch: int = 4, seq: int | None = None, quick: bool = False) -> list[dict]:
+    """Forward+backward time of each layer of the heterogeneous model alone, on one thread (as a
+    pipeline rank runs on the CPU): ``[{name, params, time_s}]``, the median after warm-up."""
+    import torch
+
+    from preflight.timing import time_fn
+
+    torch.manual_seed(0)
+    s, threads = HETERO[quick], torch.get_num_threads()
+    x = torch.randint(0, s["vocab"], (batch, seq or s["seq"]), device=device)
+    rows = []
+    torch.set_num_threads(1)
+    try:
+        for name, layer in hetero_layers(quick):
+            layer.to(device)
+            inp = x.detach().requires_grad_() if x.is_floating_point() else x   # as in a stage: grads flow back
+            out = layer(inp)
+            grad = torch.ones_like(out)
+            t = time_fn(lambda f=layer, i=inp, g=grad: f(i).backward(g), device=device, warmup=2, repeats=5,
+                        min_time_s=0.05)
+            rows.append({"name": name, "params": sum(q.numel() for q in layer.parameters()), "time_s": t.median_s})
+            x = out.detach()
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def check_partition(boundaries, n_layers: int, n_stages: int) -> list[int]:
+    """Stage ``i`` holds layers ``boundaries[i]`` up to the next boundary (the last: to the end). Every
+    layer is placed exactly once iff there are ``n_stages`` strictly increasing indices, 0 first, all
+    below ``n_layers``; anything else raises ValueError rather than silently dropping layers.
+
+    From ``preflight.models.pipeline.partition_by_time(times, p)`` (stages as lists of layer indices):
+    ``boundaries = [stage[0] for stage in parts]``."""
+    b = [int(i) for i in boundaries]
+    if len(b) != n_stages or b[0] != 0 or any(x >= y for x, y in pairwise(b)) or b[-1] >= n_layers:
+        raise ValueError(f"partition {b}: need {n_stages} strictly increasing first-layer indices, "
+                         f"0 first, all below {n_layers}")
+    return b
+
+
+# --- the worker ---------------------------------------------------------------------------------------
+
+def _timed(fn, clock: list):
+    """``fn``, adding its own duration to ``clock[0]``."""
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock[0] += time.perf_counter() - t0
+    return wrapper
+
+
+def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick) -> dict:
+    """Build this rank's stages and run warm-up + ``steps`` steps; this rank's medians and stages."""
+    import torch
+    from torch import nn
+    from torch.distributed import pipelining as pp
+
+    torch.manual_seed(0)                       # every rank builds the same model and keeps its slice
+    layers = hetero_layers(quick) if partition else balanced_layers(quick)
+    n_stages, sizes = p * v, (HETERO if partition else BALANCED)[quick]
+    if not partition:                          # even split; check_partition refuses a remainder
+        partition = list(range(0, len(layers), max(1, len(layers) // n_stages)))
+    bounds, mb = [*check_partition(partition, len(layers), n_stages), len(layers)], sizes["mb"]
+    if "vocab" in sizes:
+        x, target = (torch.randint(0, sizes["vocab"], (m * mb, sizes["seq"])) for _ in range(2))
+        example = lambda i: x[:mb] if i == 0 else torch.zeros(mb, sizes["seq"], sizes["d"])
+        loss = lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+    else:
+        x, target = torch.randn(m * mb, sizes["d"]), torch.randn(m * mb, sizes["d"])
+        example = lambda i: torch.zeros(mb, sizes["d"])
+        loss = nn.functional.mse_loss
+    clock, stages, placement = [0.0], [], []
+    stage_ids = [rank + k * p for k in range(v)]             # v non-adjacent stages on this rank
+    for i in stage_ids:
+        part = layers[bounds[i]:bounds[i + 1]]
+        stage = pp.PipelineStage(nn.Sequential(*[mod for _, mod in part]).to(device), i, n_stages, device,
+                                 input_args=example(i))
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock)
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock)
+        stages.append(stage)
+        placement.append({"stage": i, "rank": rank, "layers": [name for name, _ in part]})
+    notes = []
+    if schedule == "1f1b" and m < n_stages:
+        schedule = "gpipe"
+        notes.append(f"1F1B needs m >= stages (torch raises); m={m} ran GPipe, whose bubble is the same")
+    loss_fn = _timed(loss, clock)
+    if schedule == "interleaved":
+        sched = pp.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    else:
+        sched = (pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
+    first, last, samples = 0 in stage_ids, n_stages - 1 in stage_ids, []
+    for k in range(WARMUP_STEPS + steps):
+        for stage in stages:
+            stage.submod.zero_grad(set_to_none=True)
+        dist.barrier()
+        clock[0], t0 = 0.0, time.perf_counter()
+        sched.step(*([x] if first else []), target=target if last else None)
+        own = time.perf_counter() - t0              # this rank's part done
+        dist.barrier()
+        step = time.perf_counter() - t0             # the pipeline's step: every rank done
+        if k >= WARMUP_STEPS:
+            samples.append((step, own, clock[0]))
+    step, own, busy = ([sample[i] for sample in samples] for i in range(3))
+    median = statistics.median
+    return {"rank": rank, "step_s": median(step), "own_step_s": median(own), "busy_s": median(busy),
+            "idle_s": median(s - b for s, b in zip(step, busy, strict=True)),
+            "idle_share": median(1 - b / s for s, b in zip(step, busy, strict=True)),
+            "placement": placement, "notes": notes, "schedule": schedule, "batch": m * mb}
+
+
+def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[int] | None = None,
+           steps: int = 10, quick: bool = False) -> dict | None:
+    """One rank; rank 0 gathers every rank's medians, writes and returns the record (None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    from preflight.bench.scaling import init_distributed
+    from preflight.records import make_record, save_record
+
+    de, device = init_distributed()
+    try:
+        p = de["world_size"]
+        mine = _run_pipeline(dist, device, de["rank"], p, schedule, m, v, partition, steps, quick)
+        every = [None] * p
+        dist.all_gather_object(every, mine)
+        record = None
+        if de["rank"] == 0:
+            keys = ("rank", "step_s", "own_step_s", "busy_s", "idle_s", "idle_share")
+            rows = [{k: r[k] for k in keys} for r in every]
+            notes, cores = mine["notes"], len(os.sched_getaffinity(0))
+            over = device.type == "cpu" and p > cores
+            if over:
+                notes.append(f"oversubscribed: {p} ranks on {cores} cores; only functional (measures the OS scheduler)")
+            if partition:
+                notes.append("unequal stages: the formula assumes equal ones; the slowest stage sets the pace")
+            # Straggler view: with the closing barrier every rank's step is the pipeline's, so load shows in
+            # busy time; the busiest rank paces every micro-batch slot.
+            busy = [r["busy_s"] for r in rows]
+            slowest = max(rows, key=lambda r: r["busy_s"])
+            measured, formula = statistics.mean(r["idle_share"] for r in rows), bubble_formula(p, m, v)
+            step_s = max(r["step_s"] for r in rows)
+            results = {"world_size": p, "schedule": mine["schedule"], "schedule_requested": schedule,
+                       "microbatches": m, "chunks": v, "model": "hetero" if partition else "balanced",
+                       "batch": mine["batch"], "ranks": rows, "measured_bubble": measured, "formula": formula,
+                       "error": measured - formula, "step_s": step_s, "throughput": mine["batch"] / step_s,
+                       "stages": sorted((s for r in every for s in r["placement"]), key=lambda s: s["stage"]),
+                       "straggler": {"step_s_per_rank": [r["own_step_s"] for r in rows],
+                                     "busy_s_per_rank": busy, "slowest_rank": slowest["rank"],
+                                     "excess": slowest["busy_s"] / statistics.median(busy) - 1},
+                       "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0]}
+            params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
+                      "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
+                      "sizes": (HETERO if partition else BALANCED)[quick]}
+            record = make_record(METHOD, METHOD_VERSION, params, results)
+            save_record(record, out, name=_name(schedule, p, m, v, partition))
+        dist.barrier()                # field notes: without it some runs aborted at exit
+        return record
+    finally:
+        dist.destroy_process_group()
+
+
+def _name(schedule, p, m, v, partition) -> str:
+    return f"{schedule}-p{p}-m{m}-v{v}-" + ("part" + "_".join(map(str, partition)) if partition else "balanced")
+
+
+# --- from Python: launch here ---------------------------------------------------------------------------
+
+def _launch(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
+    """Run the worker under ``torchrun --standalone``, one thread per process; its record."""
+    from preflight.bench.scaling import _run
+
+    args = ["--schedule", schedule, "--microbatches", str(m), "--chunks", str(v)] + (["--quick"] if quick else [])
+    args += ["--partition", ",".join(map(str, partition))] if partition else []
+    with tempfile.TemporaryDirectory(prefix="preflight-pipeline-") as tmp:
+        out_dir = Path(out) if out is not None else Path(tmp) / "records"
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p}",
+              "-m", "preflight.bench.pipeline", "--out", str(out_dir), *args],
+             dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout)
+        path = out_dir / f"{METHOD}-{_name(schedule, p, m, v, partition)}.json"
+        record = json.loads(path.read_text())
+    if out is not None:
+        record["_path"] = str(path)
+    return record
+
+
+def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: bool = False,
+                   timeout: float = 300.0, v: int = 1, out=None):
+    """The balanced model, one torchrun per m: columns p, m, v, schedule (as run), measured_bubble,
+    formula, error, step_s. ``df.attrs["records"]``: the records (per-rank rows, notes, oversubscribed)."""
+    import pandas as pd
+
+    for m in ms:
+        bubble_formula(p, m, v)             # refuses a bad (p, m, v) before any process starts
+    records = [_launch(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
+    cols = ("schedule", "measured_bubble", "formula", "error", "step_s")
+    df = pd.DataFrame([{"p": p, "m": r["results"]["microbatches"], "v": v, **{k: r["results"][k] for k in cols}}
+                       for r in records])
+    df.attrs["records"] = records
+    return df
+
+
+def run_partition(boundaries, p: int = 2, schedule: str = "1f1b", m: int = 4, quick: bool = False,
+                  timeout: float = 300.0, out=None) -> dict:
+    """One partition of the heterogeneous model (``boundaries``: first layer of each stage): the record's
+    results (throughput, per-rank busy/idle, the stages with their layers)."""
+    boundaries = check_partition(boundaries, len(HETERO_NAMES), p)     # refuse before starting processes
+    return _launch(p, schedule, m, partition=boundaries, quick=quick, timeout=timeout, out=out)["results"]
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.pipeline",
+                                 description="one rank of a pipeline-parallel run (start it under torchrun)")
+    ap.add_argument("--out", required=True, help="results folder (rank 0 writes pipeline-<name>.json)")
+    ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--chunks", type=int, default=1, help="stages per rank (interleaved only)")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--partition", help="heterogeneous model: first layer index of each stage, e.g. 0,4")
+    group.add_argument("--balanced-blocks", action="store_true", help="identical MLP blocks (the default)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10, 5 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
+    args = ap.parse_args(argv)
+    if args.microbatches < 1 or args.chunks < 1 or (args.chunks > 1 and args.schedule != "interleaved"):
+        ap.error("need --microbatches >= 1, --chunks >= 1, and --chunks > 1 only with --schedule interleaved")
+    from preflight.bench.scaling import dist_env
+
+    world = dist_env()["world_size"]
+    if args.schedule == "interleaved" and args.microbatches % world:    # as Megatron-LM and the model
+        ap.error(f"--schedule interleaved needs --microbatches a multiple of the {world} ranks")
+    try:
+        partition = [int(t) for t in args.partition.split(",")] if args.partition else None
+        if partition:
+            check_partition(partition, len(HETERO_NAMES), world * args.chunks)
+    except ValueError as exc:
+        ap.error(f"argument --partition {args.partition!r}: {exc}")
+    rec = worker(args.out, args.schedule, args.microbatches, args.chunks, partition,
+                 args.steps or (5 if args.quick else 10), args.quick)
+    if rec is not None:
+        res = rec["results"]
+        print(*(f"rank {r['rank']}: step {r['step_s']:.4f} s, busy {r['busy_s']:.4f} s" for r in res["ranks"]),
+              f"bubble {res['measured_bubble']:.3f} (formula {res['formula']:.3f}), {res['throughput']:.1f} samples/s",
+              *res["notes"], sep="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_worker(main)

@@ -1,0 +1,72 @@
+"""Chapter 4 findings: the plan's padding and bubble from the profile, measured ones replayed from a
+quick CPU run (tests/data/cpu_records)."""
+import pytest
+
+from preflight.chapter import Measured
+from preflight.chapters import load_balance as C
+from preflight.findings import FindingSink
+from preflight.models import pipeline as P
+from preflight.profile import load_profile
+from preflight.records import load_records
+
+from conftest import EXAMPLE, REPO
+
+
+def _measured(method):
+    rec = load_records(REPO / "tests" / "data" / "cpu_records", method)[-1]
+    return Measured(rec["results"], "recorded on test CPU", rec)
+
+
+def _with_training(**kw):
+    prof = load_profile(EXAMPLE)
+    return prof.model_copy(update={"training": prof.training.model_copy(update=kw)})
+
+
+def test_bubble_of_a_pipelined_plan_and_the_wrong_formula_beside_it():
+    prof = _with_training(pp=4, microbatches=8)
+    sink = FindingSink(None, "load_balance")
+    C.add_plan_findings(sink, prof)
+    f = {x.id: x for x in sink.findings}
+    assert f["balance/bubble_fraction"].value == pytest.approx(3 / 11)
+    assert f["balance/bubble_fraction"].verdict == "fail"
+    assert f["balance/bubble_over_ideal"].value == pytest.approx(3 / 8)
+    assert "9.4%" in f["balance/bubble_fraction"].message and "wrong" in f["balance/bubble_fraction"].message
+
+
+def test_interleaving_shrinks_the_bubble():
+    prof = _with_training(pp=4, microbatches=32, pipeline_schedule="interleaved", interleave=2)
+    sink = FindingSink(None, "load_balance")
+    C.add_plan_findings(sink, prof)
+    f = {x.id: x for x in sink.findings}
+    assert f["balance/bubble_fraction"].value == pytest.approx(P.bubble_fraction(4, 32, 2)) == pytest.approx(3 / 67)
+    assert f["balance/bubble_fraction"].verdict == "pass"
+
+
+def test_lengths_file_relative_to_the_profile(tmp_path):
+    import yaml
+
+    (tmp_path / "lens.txt").write_text("\n".join(["100"] * 15 + ["1600"]) + "\n")
+    d = yaml.safe_load(EXAMPLE.read_text())
+    d["data"]["lengths_file"] = "lens.txt"
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(d))
+    prof = load_profile(tmp_path / "p.yaml")
+    sink = FindingSink(None, "load_balance")
+    C.add_plan_findings(sink, prof, tmp_path / "p.yaml")
+    f = {x.id: x for x in sink.findings}["balance/padding_waste"]
+    # one batch of 16: 15 x 100 + 1600 real tokens padded to 16 x 1600
+    assert f.value == pytest.approx(1 - (15 * 100 + 1600) / (16 * 1600))
+    assert "lengths_file" in f.message
+
+
+def test_recorded_measurements_give_every_finding():
+    sink = FindingSink(None, "load_balance")
+    C.add_measured_findings(sink, _measured("padding"), _measured("pipeline_bubble"), _measured("partition"))
+    f = {x.id: x for x in sink.findings}
+    assert f["balance/bucketing_speedup"].value == _measured("padding").results["bucketing_speedup"]
+    rows = _measured("pipeline_bubble").results["rows"]
+    assert f["balance/measured_bubble"].value in [r["measured_bubble"] for r in rows]
+    part = _measured("partition").results
+    assert f["balance/partition_gain"].value == pytest.approx(part["throughput_time"] / part["throughput_count"])
+    # the partition placed every layer exactly once
+    for key in ("by_count", "by_time"):
+        assert sorted(i for stage in part[key] for i in stage) == list(range(len(part["layers"])))

@@ -1,0 +1,206 @@
+# %% [markdown]
+# # Chapter 4: Load balance
+#
+# **Pitfall:** some workers wait for others. Three places where it happens, each measured here:
+#
+# 1. **padding**: sequences of very different lengths padded to the longest, so most of the compute goes
+#    to padding tokens; length bucketing fixes it;
+# 2. **pipeline bubbles**: with p pipeline stages, the pipeline fills and drains at every step; the idle
+#    share is **(p−1)/(v·m+p−1)** of the step (Narayanan et al. 2021; GPipe), not the popular (p−1)/(m·p);
+# 3. **unequal stages**: splitting layers by count when layers cost very different times; the slowest
+#    stage sets the pace of the whole pipeline. Partition by **measured layer time**, exactly.
+#
+# Plus the straggler view: per-rank step times, and how much the slowest rank costs everyone.
+#
+# **Time:** about 2 minutes on a 2-core CPU (real torch.distributed.pipelining runs under torchrun),
+# under a minute on a GPU node. `plan_only = True`: formulas on the profile only (seconds).
+
+# %%
+# parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
+profile_path = "../data/profiles/example.yaml"
+findings_path = ""      # where the audit collects findings; empty: keep them in memory
+plan_only = False       # True: formulas on the profile only, no live measurement
+results_dir = ""        # folder of recorded measurements (e.g. from your cluster) to use instead
+out_dir = ""            # the audit's output folder (records, charts)
+quick = False           # smallest sizes (smoke test)
+interactive = True      # show the sliders (the headless audit turns them off)
+
+# %%
+import pandas as pd
+
+from preflight import charts
+from preflight.chapter import start
+from preflight.chapters import load_balance as C
+from preflight.models import pipeline as P
+from preflight.timing import busy_warning
+
+ch = start("load_balance", profile_path, findings_path or None, plan_only, results_dir or None,
+           out_dir or None, quick=quick)
+prof = ch.profile
+t = prof.training
+print(f"project {prof.project}: pp={t.pp}, {t.microbatches} micro-batches, {t.pipeline_schedule} schedule, "
+      f"sequence length {prof.model.seq_len}")
+print("live measurement:", "on " + ch.device.label if ch.measure else "off (plan-only)")
+if ch.measure and (busy := busy_warning()):
+    ch.note(busy)
+
+# %% [markdown]
+# ## 1. Padding: how much of the compute goes to padding tokens
+#
+# Real corpora have long-tailed lengths (a few long documents, many short ones). Three ways to batch:
+# pad every sample to the **longest in the dataset** (the naive fixed shape), to the **longest in its
+# batch** (random batches: one long sample pads all the others), or **bucket by length** (batches of
+# similar lengths). Below: the profile's lengths (a lognormal with its median and sigma, or your
+# `data.lengths_file`), then the same three strategies measured as useful tokens/s of a real Transformer
+# forward+backward on this machine. The sampler is `preflight.sampling.LengthBucketSampler`.
+
+# %%
+pad_table = C.add_plan_findings(ch.findings, prof, profile_path)
+ch.table(pad_table)
+ch.show("padding_waste", charts.bars(pad_table.assign(waste_pct=pad_table["waste"] * 100), "waste_pct", "strategy",
+                                     title="Padding waste (% of tokens computed)", fmt=".1f"))
+
+# %%
+from preflight.bench import padding as bench_padding
+
+padm = ch.measurement("padding", lambda: bench_padding.measure_padding(ch.torch_device, quick=ch.quick))
+if padm:
+    rows = pd.DataFrame(padm.results["rows"])
+    print(padm.source)
+    ch.table(rows)
+    ch.show("padding_tokens_per_s", charts.bars(rows, "useful_tokens_per_s", "strategy",
+                                                title="Useful tokens/s (Transformer forward+backward)", fmt=",.0f"))
+
+# %% [markdown]
+# ## 2. The pipeline bubble: the right formula, and the wrong one
+#
+# With p stages and m micro-batches, the first stage starts micro-batch 1 while the others wait, and the
+# last finishes alone: p−1 slots of fill and drain per step. Of the total time **(p−1)/(m+p−1)** is idle;
+# interleaving v model chunks per GPU shrinks each slot by v: **(p−1)/(v·m+p−1)**. Relative to the ideal
+# compute time the bubble is **(p−1)/(v·m)** (Narayanan et al. 2021 call this the bubble time fraction).
+#
+# The popular estimate **(p−1)/(m·p)** is wrong: it divides the p−1 fill/drain slots by p·m as if the
+# step lasted p·m slots of one stage, mixing one stage's time with the whole pipeline's. For p=4, m=8
+# it says 9.4 %; the truth is 3/11 = 27.3 % of the step. GPipe and 1F1B have the same bubble; 1F1B holds
+# at most p micro-batches of activations on the first stage instead of m, which is what lets m grow.
+
+# %%
+grid = pd.DataFrame([{"p": p, "m": m, "share of step (p-1)/(m+p-1)": P.bubble_fraction(p, m),
+                      "over ideal (p-1)/m": P.bubble_over_ideal(p, m), "wrong (p-1)/(m p)": P.wrong_bubble(p, m),
+                      "interleaved v=2": P.bubble_fraction(p, m, 2) if m % p == 0 else float("nan")}
+                     for p in (2, 4, 8) for m in (4, 8, 16, 32)])
+ch.table(grid)
+gp, gm = (t.pp, t.microbatches) if t.pp > 1 else (4, 8)
+gs, gv = (t.pipeline_schedule, t.interleave) if t.pp > 1 else ("1f1b", 1)
+if gs == "interleaved" and gv == 1:
+    gs = "1f1b"                     # one chunk per GPU: interleaving degenerates to 1F1B
+tl = P.schedule_timeline(gp, gm, gs, v=gv)
+ch.show("schedule", charts.gantt(tl, title=("the profile's schedule" if t.pp > 1 else "example: 1F1B, p=4, m=8")
+                                 + f": idle {P.timeline_bubble(tl):.1%} (formula {P.bubble_fraction(gp, gm, gv):.1%})"))
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import bubble_explorer
+    display(bubble_explorer(gp, gm, gs, gv))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
+# ## 3. The bubble measured on a real pipeline
+#
+# `torch.distributed.pipelining` (PipelineStage + ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B)
+# on identical blocks split evenly, one process per stage under torchrun (gloo on a CPU, NCCL on GPUs).
+# Each rank's busy time is the time inside its stage's forward and backward; the rest of the step is
+# idle. On 2 cores, 2 stages give trustworthy timings; 4 stages are oversubscribed (two processes per
+# core) and only show that the schedule runs. Where they part from the formula: at large m the
+# point-to-point send/recv latency between stages sets a floor the formula (zero-cost communication)
+# does not have.
+
+# %%
+from preflight.bench import pipeline as bench_pipeline
+
+def measure_bubbles():
+    import os
+    cores = len(os.sched_getaffinity(0))
+    if ch.quick:
+        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True)]
+    else:
+        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b"),
+                bench_pipeline.measure_bubble(p=2, ms=(8,), schedule="gpipe"),
+                bench_pipeline.measure_bubble(p=4, ms=(4, 8), schedule="1f1b")]
+    rows = pd.concat(runs, ignore_index=True)
+    rows["oversubscribed"] = ~ch.device.is_gpu & (rows["p"] > cores)
+    return {"rows": rows.to_dict("records")}
+
+bub = ch.measurement("pipeline_bubble", measure_bubbles)
+if bub:
+    br = pd.DataFrame(bub.results["rows"])
+    print(bub.source)
+    ch.table(br)
+    long = pd.concat([br.assign(curve="measured " + br["schedule"] + ", p=" + br["p"].astype(str))[["m", "curve"]]
+                      .assign(share=br["measured_bubble"]),
+                      br.assign(curve="formula, p=" + br["p"].astype(str))[["m", "curve"]].assign(share=br["formula"])])
+    ch.show("measured_bubble", charts.curves(long.drop_duplicates(), "m", "share", "curve", log_y=False, x_format="~g",
+                                             y_format="%", title="Idle share per rank: measured vs (p-1)/(m+p-1)"))
+
+# %% [markdown]
+# ## 4. Partition by measured layer time
+#
+# A model whose layers cost really different times (an embedding, attention blocks, one wide FFN, a
+# large output head): every layer profiled alone (forward+backward, median of repeats) gives the
+# layer-time table. Split into p contiguous stages by **count** (equal numbers of layers) and by
+# **time** (the exact optimal contiguous partition: minimal bottleneck, dynamic programming, not greedy).
+# The pipeline runs at the pace of its slowest stage, so the predicted gain is the ratio of bottlenecks;
+# both partitions then run through the real pipeline.
+
+# %%
+def measure_partition():
+    p, m = 2, 8
+    layers = bench_pipeline.layer_times(ch.torch_device, quick=ch.quick)
+    times = [x["time_s"] for x in layers]
+    by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
+    runs = {}
+    for name, parts in (("count", by_count), ("time", by_time)):
+        runs[name] = bench_pipeline.run_partition([part[0] for part in parts], p=p, m=m, quick=ch.quick)
+    return {"p": p, "m": m, "layers": layers, "by_count": by_count, "by_time": by_time,
+            "bottleneck_count_s": P.bottleneck(times, by_count), "bottleneck_time_s": P.bottleneck(times, by_time),
+            "predicted_gain": P.partition_gain(times, p),
+            "throughput_count": runs["count"]["throughput"], "throughput_time": runs["time"]["throughput"],
+            "measured_gain": runs["time"]["throughput"] / runs["count"]["throughput"],
+            "ranks": {k: v.get("ranks", []) for k, v in runs.items()}}
+
+part = ch.measurement("partition", measure_partition)
+if part:
+    r = part.results
+    print(part.source)
+    lt = pd.DataFrame(r["layers"])
+    ch.table(lt.assign(**{"time (ms)": lt["time_s"] * 1e3}).drop(columns=["time_s"]))
+    times = [x["time_s"] for x in r["layers"]]
+    names = [x["name"] for x in r["layers"]]
+    for label in ("count", "time"):
+        print(f"by {label}:")
+        ch.table(P.partition_table(times, r[f"by_{label}"], names))
+    print(f"predicted gain {r['predicted_gain']:.2f}x, measured {r['measured_gain']:.2f}x "
+          f"({r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s)")
+
+# %% [markdown]
+# ## 5. Stragglers
+#
+# In synchronous training every step waits for the slowest rank. Per-rank step times of the pipeline
+# runs above: the slowest rank's excess over the median is what every other rank loses, every step.
+
+# %%
+if part:
+    rk = pd.DataFrame([dict(x, partition=k) for k, rows in part.results["ranks"].items() for x in rows])
+    if len(rk):
+        rk["excess over median (ms)"] = (rk["step_s"] - rk.groupby("partition")["step_s"].transform("median")) * 1e3
+        ch.table(rk)
+C.add_measured_findings(ch.findings, padm, bub, part)
+
+# %% [markdown]
+# ## Findings of this chapter
+
+# %%
+ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
