@@ -136,15 +136,13 @@ def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = 
 def gantt(timeline: pd.DataFrame, title: str = "") -> alt.LayerChart:
     """A pipeline schedule: one row per stage, a bar per forward (F) / backward (B) of a micro-batch
     (columns stage, microbatch, chunk, kind, start, end; ``preflight.models.pipeline``)."""
-    d = timeline.assign(label=timeline["microbatch"].astype(str),
-                        stage_name="stage " + timeline["stage"].astype(str))
-    base = alt.Chart(d).encode(y=alt.Y("stage_name:N", title=None, sort=sorted(d["stage_name"].unique())),
-                               x=alt.X("start:Q", title="time (units of one forward)"), x2="end:Q")
+    d = timeline.assign(label=timeline["microbatch"].astype(str))
+    y = alt.Y("stage:O", title=None, axis=alt.Axis(labelExpr="'stage ' + datum.value"))   # numeric order
+    base = alt.Chart(d).encode(y=y, x=alt.X("start:Q", title="time (units of one forward)"), x2="end:Q")
     bars_ = base.mark_bar(stroke="white", strokeWidth=0.5).encode(
         color=alt.Color("kind:N", scale=alt.Scale(domain=["F", "B"], range=["#1e88e5", "#fb8c00"]),
                         title=None),
         opacity=alt.condition("datum.chunk % 2 == 0", alt.value(1.0), alt.value(0.6)))
     text = alt.Chart(d).mark_text(color="white", fontSize=9).encode(
-        y=alt.Y("stage_name:N", sort=sorted(d["stage_name"].unique())),
-        x=alt.X("mid:Q"), text="label:N").transform_calculate(mid="(datum.start + datum.end) / 2")
+        y=y, x=alt.X("mid:Q"), text="label:N").transform_calculate(mid="(datum.start + datum.end) / 2")
     return alt.layer(bars_, text).properties(width=520, height=28 * d["stage"].nunique() + 20, title=title)

@@ -57,8 +57,8 @@ if ch.measure and (busy := busy_warning()):
 # %%
 pad_table = C.add_plan_findings(ch.findings, prof, profile_path)
 ch.table(pad_table)
-ch.show("padding_waste", charts.bars(pad_table.assign(waste_pct=pad_table["waste"] * 100), "waste_pct", "strategy",
-                                     title="Padding waste (% of tokens computed)", fmt=".1f"))
+ch.show("padding_waste", charts.bars(pad_table.assign(**{"waste (%)": pad_table["waste"] * 100}), "waste (%)",
+                                     "strategy", title="Padding waste (% of tokens computed)", fmt=".1f"))
 
 # %%
 from preflight.bench import padding as bench_padding
@@ -66,9 +66,14 @@ from preflight.bench import padding as bench_padding
 padm = ch.measurement("padding", lambda: bench_padding.measure_padding(ch.torch_device, quick=ch.quick))
 if padm:
     rows = pd.DataFrame(padm.results["rows"])
-    print(padm.source)
-    ch.table(rows)
-    ch.show("padding_tokens_per_s", charts.bars(rows, "useful_tokens_per_s", "strategy",
+    print(padm.source, "-", ", ".join(f"{k}={v}" for k, v in padm.results["config"].items()
+                                      if isinstance(v, (int, float, str))))
+    shown = pd.DataFrame({"strategy": rows["strategy"], "real tokens": rows["real_tokens"],
+                          "padding tokens": rows["padded_tokens"], "waste": rows["waste"].map("{:.1%}".format),
+                          "epoch (s)": rows["epoch_s"].round(3),
+                          "useful tokens/s": rows["useful_tokens_per_s"].round(0).astype(int)})
+    ch.table(shown)
+    ch.show("padding_tokens_per_s", charts.bars(shown, "useful tokens/s", "strategy",
                                                 title="Useful tokens/s (Transformer forward+backward)", fmt=",.0f"))
 
 # %% [markdown]
@@ -90,6 +95,7 @@ grid = pd.DataFrame([{"p": p, "m": m, "share of step (p-1)/(m+p-1)": P.bubble_fr
                       "interleaved v=2": P.bubble_fraction(p, m, 2) if m % p == 0 else float("nan")}
                      for p in (2, 4, 8) for m in (4, 8, 16, 32)])
 ch.table(grid)
+print("(interleaved needs m to be a multiple of p: blank where it is not)")
 gp, gm = (t.pp, t.microbatches) if t.pp > 1 else (4, 8)
 gs, gv = (t.pipeline_schedule, t.interleave) if t.pp > 1 else ("1f1b", 1)
 if gs == "interleaved" and gv == 1:
@@ -116,7 +122,9 @@ else:
 # idle. On 2 cores, 2 stages give trustworthy timings; 4 stages are oversubscribed (two processes per
 # core) and only show that the schedule runs. Where they part from the formula: at large m the
 # point-to-point send/recv latency between stages sets a floor the formula (zero-cost communication)
-# does not have.
+# does not have. The formulas give GPipe and 1F1B the same bubble; where the measured schedules differ
+# at the same m, the difference is communication and synchronisation overhead, which they do not model.
+# 1F1B needs m >= p: at m=1 the run falls back to GPipe (same bubble), and the table says so.
 
 # %%
 from preflight.bench import pipeline as bench_pipeline
@@ -125,11 +133,11 @@ def measure_bubbles():
     import os
     cores = len(os.sched_getaffinity(0))
     if ch.quick:
-        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True)]
+        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True).assign(requested="1f1b")]
     else:
-        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b"),
-                bench_pipeline.measure_bubble(p=2, ms=(8,), schedule="gpipe"),
-                bench_pipeline.measure_bubble(p=4, ms=(4, 8), schedule="1f1b")]
+        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
+                bench_pipeline.measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
+                bench_pipeline.measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b")]
     rows = pd.concat(runs, ignore_index=True)
     rows["oversubscribed"] = ~ch.device.is_gpu & (rows["p"] > cores)
     return {"rows": rows.to_dict("records")}
@@ -139,7 +147,8 @@ if bub:
     br = pd.DataFrame(bub.results["rows"])
     print(bub.source)
     ch.table(br)
-    long = pd.concat([br.assign(curve="measured " + br["schedule"] + ", p=" + br["p"].astype(str))[["m", "curve"]]
+    sched = br["requested"] if "requested" in br else br["schedule"]
+    long = pd.concat([br.assign(curve="measured " + sched + ", p=" + br["p"].astype(str))[["m", "curve"]]
                       .assign(share=br["measured_bubble"]),
                       br.assign(curve="formula, p=" + br["p"].astype(str))[["m", "curve"]].assign(share=br["formula"])])
     ch.show("measured_bubble", charts.curves(long.drop_duplicates(), "m", "share", "curve", log_y=False, x_format="~g",
@@ -181,22 +190,29 @@ if part:
     names = [x["name"] for x in r["layers"]]
     for label in ("count", "time"):
         print(f"by {label}:")
-        ch.table(P.partition_table(times, r[f"by_{label}"], names))
+        pt = P.partition_table(times, r[f"by_{label}"], names)
+        ch.table(pt.assign(time=pt["time"] * 1e3).rename(columns={"time": "time (ms)"}))
     print(f"predicted gain {r['predicted_gain']:.2f}x, measured {r['measured_gain']:.2f}x "
           f"({r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s)")
+    ch.note("The prediction assumes the stages' compute is all there is; the measurement adds send/recv "
+            "and the shared CPU's noise (a few percent run to run here), so a small predicted gain can vanish "
+            "in it. On GPUs with a heavy head or embedding the gain is large and survives.")
 
 # %% [markdown]
 # ## 5. Stragglers
 #
-# In synchronous training every step waits for the slowest rank. Per-rank step times of the pipeline
-# runs above: the slowest rank's excess over the median is what every other rank loses, every step.
+# In synchronous training every step waits for the slowest rank. In a pipeline the step ends for all
+# ranks together, so the imbalance shows as **idle time** on the ranks that wait: per rank, busy and
+# idle time of the partition runs above. Split by count, the rank holding the heavy head is busy while
+# the other idles; split by time, the idle shares come closer.
 
 # %%
 if part:
     rk = pd.DataFrame([dict(x, partition=k) for k, rows in part.results["ranks"].items() for x in rows])
     if len(rk):
-        rk["excess over median (ms)"] = (rk["step_s"] - rk.groupby("partition")["step_s"].transform("median")) * 1e3
-        ch.table(rk)
+        ch.table(pd.DataFrame({"partition": "by " + rk["partition"], "rank": rk["rank"],
+                               "step (ms)": rk["step_s"] * 1e3, "busy (ms)": rk["busy_s"] * 1e3,
+                               "idle (ms)": rk["idle_s"] * 1e3, "idle share": rk["idle_share"].map("{:.0%}".format)}))
 C.add_measured_findings(ch.findings, padm, bub, part)
 
 # %% [markdown]

@@ -104,12 +104,12 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
         # the reference point: 1F1B (the schedule in use) at the largest m that ran without oversubscription
         pref = ok[ok["schedule"] == "1f1b"] if (ok["schedule"] == "1f1b").any() else ok
         ref = pref.sort_values(["p", "m"]).iloc[-1]
-        parts = "; ".join(f"p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
+        parts = "; ".join(f"{x.schedule} p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
                           + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
                           for x in rows.itertuples())
         sink.add(id="balance/measured_bubble", value=float(ref["measured_bubble"]), unit="fraction",
                  verdict="info", threshold="recorded for reference (against (p-1)/(v m + p-1))",
-                 message=(f"Measured idle share per rank, {ref['schedule']} (measured vs formula): {parts}. "
+                 message=(f"Measured idle share per rank (measured vs formula): {parts}. "
                           f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
                           "at large m the send/recv latency sets a floor the formula does not have."),
                  fix="Trust the formula for small m; measure at large m.", source=bubble.source)
