@@ -85,6 +85,15 @@ class Chapter:
 
         display(Markdown(f"> **Note.** {text}"))
 
+    def announce(self) -> None:
+        """Say where the live measurements run (or that they do not), and warn when the machine is
+        already busy: timings taken then measure the other jobs too."""
+        from preflight.timing import busy_warning
+
+        print("live measurement:", "on " + self.device.label if self.measure else "off (plan-only)")
+        if self.measure and (busy := busy_warning()):
+            self.note(busy)
+
     def measurement(self, method: str, run: Callable[[], dict], version: int = 1, name: str | None = None,
                     match: Callable[[dict], bool] | None = None) -> Measured | None:
         """A recorded result of ``method`` from ``results_dir`` if there is one (the newest for which

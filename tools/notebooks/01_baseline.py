@@ -43,7 +43,7 @@ ch = start("baseline", profile_path, findings_path or None, plan_only, results_d
 prof = ch.profile
 print(f"project {prof.project}: {prof.model.params / 1e9:g}B params, {prof.gpus} GPUs "
       f"({prof.cluster.nodes} nodes x {prof.cluster.gpus_per_node} {prof.cluster.gpu}), dp = {prof.dp}")
-print("live measurement:", "on " + ch.device.label if ch.measure else "off (plan-only)")
+ch.announce()
 
 # %% [markdown]
 # ## 1. The ceilings of this machine

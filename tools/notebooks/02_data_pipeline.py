@@ -46,7 +46,6 @@ from preflight.chapter import start
 from preflight.chapters import data_pipeline as C
 from preflight.findings import judge
 from preflight.models import data as M
-from preflight.timing import busy_warning
 
 ch = start("data_pipeline", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -56,9 +55,9 @@ if ch.quick:
 scratch = data_dir or prof.data.scratch_dir      # the storage to test: the profile's, or this repository's disk
 work = os.path.join(scratch, "preflight-chapter2") if scratch else str(REPO / ".cache" / "data_pipeline")
 print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
-print("live measurement:", f"on {ch.device.label}, dataset in {work}" if ch.measure else "off (plan-only)")
-if ch.measure and (busy := busy_warning()):
-    ch.note(busy)
+ch.announce()
+if ch.measure:
+    print(f"test dataset in {work}")
 
 # %% [markdown]
 # ## 1. Your dataset at start-up: the metadata bill

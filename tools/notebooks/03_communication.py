@@ -34,16 +34,13 @@ import pandas as pd
 from preflight import charts
 from preflight.chapter import start
 from preflight.chapters import communication as C
-from preflight.timing import busy_warning
 
 ch = start("communication", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
 prof = ch.profile
 print(f"project {prof.project}: {prof.model.params / 1e9:g}B params, {prof.training.grad_dtype} gradients, "
       f"{prof.gpus} GPUs (tp={prof.training.tp}, pp={prof.training.pp}, dp={prof.dp})")
-print("live measurement:", "on " + ch.device.label if ch.measure else "off (plan-only)")
-if ch.measure and (busy := busy_warning()):
-    ch.note(busy)
+ch.announce()
 
 # %% [markdown]
 # ## 1. What your gradients cost to move

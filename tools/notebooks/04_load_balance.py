@@ -32,7 +32,6 @@ from preflight import charts
 from preflight.chapter import start
 from preflight.chapters import load_balance as C
 from preflight.models import pipeline as P
-from preflight.timing import busy_warning
 
 ch = start("load_balance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -40,9 +39,7 @@ prof = ch.profile
 t = prof.training
 print(f"project {prof.project}: pp={t.pp}, {t.microbatches} micro-batches, {t.pipeline_schedule} schedule, "
       f"sequence length {prof.model.seq_len}")
-print("live measurement:", "on " + ch.device.label if ch.measure else "off (plan-only)")
-if ch.measure and (busy := busy_warning()):
-    ch.note(busy)
+ch.announce()
 
 # %% [markdown]
 # ## 1. Padding: how much of the compute goes to padding tokens
