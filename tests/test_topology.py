@@ -1,6 +1,7 @@
 """Topology: placement rules, `nvidia-smi topo -m` and NCCL_DEBUG=INFO parsing (no GPU needed)."""
 import pytest
 
+from preflight import nccl_log
 from preflight import topology as topo
 from preflight.profile import Profile
 
@@ -254,7 +255,7 @@ LOG_SOCKET = """\
 
 
 def test_nccl_single_node_p2p():
-    p = topo.parse_nccl_log(LOG_P2P)
+    p = nccl_log.parse_nccl_log(LOG_P2P)
     assert p["version"] == "2.21.5+cuda12.4" and p["hosts"] == ["gpu-a01"]
     assert (p["nranks"], p["nnodes"]) == (2, 1)
     assert p["transports"] == ["P2P/CUMEM"]            # "NVLS multicast ... not available" is not NVLS
@@ -267,14 +268,14 @@ def test_nccl_single_node_p2p():
     assert len(p["peers"]) == 4
     assert p["peers"][2] == {"channel": 0, "src_rank": 1, "src_dev": 1, "dst_rank": 0, "dst_dev": 0,
                              "direction": "", "via": "P2P/CUMEM/read", "transport": "P2P/CUMEM", "gdr": False}
-    df = topo.nccl_summary(p)
+    df = nccl_log.nccl_summary(p)
     assert set(df["link"]) == {"NVLink/P2P"} and len(df) == 4
-    text = topo.nccl_findings_text(p)
+    text = nccl_log.nccl_findings_text(p)
     assert "2.21.5" in text and "P2P/CUMEM" in text and "Warning" not in text
 
 
 def test_nccl_two_nodes_ib_gdrdma():
-    p = topo.parse_nccl_log(LOG_IB)
+    p = nccl_log.parse_nccl_log(LOG_IB)
     assert p["version"] == "2.18.5+cuda12.2" and (p["nranks"], p["nnodes"]) == (16, 2)
     assert p["transports"] == ["NET/IB", "P2P/IPC"]
     assert p["network"] == "IB"
@@ -288,14 +289,14 @@ def test_nccl_two_nodes_ib_gdrdma():
     assert recv["via"] == "NET/IB/0/GDRDMA" and recv["gdr"]
     pxn = p["peers"][-1]
     assert pxn["via"] == "NET/IB/3(6)/GDRDMA" and pxn["transport"] == "NET/IB" and pxn["direction"] == "send"
-    df = topo.nccl_summary(p)
+    df = nccl_log.nccl_summary(p)
     assert df["link"].value_counts().to_dict() == {"InfiniBand (GPUDirect RDMA)": 4, "NVLink/P2P": 2}
-    text = topo.nccl_findings_text(p)
+    text = nccl_log.nccl_findings_text(p)
     assert "16 ranks / 2 nodes" in text and "GPUDirect RDMA, as it should" in text and "Warning" not in text
 
 
 def test_nccl_socket_fallback_and_shm():
-    p = topo.parse_nccl_log(LOG_SOCKET)
+    p = nccl_log.parse_nccl_log(LOG_SOCKET)
     assert p["version"] == "2.20.5+cuda12.4" and p["hosts"] == ["gpu-b01"]
     assert p["transports"] == ["NET/Socket", "SHM"] and p["network"] == "Socket"
     assert p["net_interfaces"] == ["Socket [0]eth0:10.0.0.1<0>", "Socket [1]eth1:192.168.1.1<0>"]
@@ -303,15 +304,15 @@ def test_nccl_socket_fallback_and_shm():
     shm = p["peers"][1]
     assert (shm["channel"], shm["src_rank"], shm["dst_rank"], shm["transport"]) == (0, 0, 1, "SHM")
     assert [x["transport"] for x in p["peers"]] == ["NET/Socket", "SHM", "NET/Socket"]
-    df = topo.nccl_summary(p)
+    df = nccl_log.nccl_summary(p)
     assert list(df["link"]) == ["TCP socket", "shared memory (through the host)", "TCP socket"]
-    text = topo.nccl_findings_text(p)
+    text = nccl_log.nccl_findings_text(p)
     assert "TCP sockets (NET/Socket), not InfiniBand" in text and "shared memory (SHM)" in text
     assert "1 NCCL WARN" in text
 
 
 def test_nccl_other_formats():
-    p = topo.parse_nccl_log(
+    p = nccl_log.parse_nccl_log(
         "h:1:2 [0] NCCL INFO Channel 00/0 : 3[3] -> 8[0] [send] via NET/IB/0(1)/GDRDMA\n"
         "h:1:2 [0] NCCL INFO Channel 01/0 : 0[0] -> 2[2] via P2P/indirect/1[1]\n"
         "h:1:2 [0] NCCL INFO Channel 00/0 : 1[81000] -> 0[81000] [receive] via NET/IB/1\n"
@@ -320,8 +321,8 @@ def test_nccl_other_formats():
         "h:1:2 [0] NCCL INFO AllReduce: 268435456 Bytes -> Algo NVLS proto Simple channel{Lo..Hi}={0..15}\n")
     assert [x["transport"] for x in p["peers"]] == ["NET/IB", "P2P/indirect", "NET/IB"]
     assert p["peers"][2]["src_dev"] == 81000 and p["algorithms"] == ["NVLS"] and "NVLS" in p["transports"]
-    assert list(topo.nccl_summary(p)["link"]) == ["InfiniBand (GPUDirect RDMA)", "NVLink/P2P through another GPU",
+    assert list(nccl_log.nccl_summary(p)["link"]) == ["InfiniBand (GPUDirect RDMA)", "NVLink/P2P through another GPU",
                                                   "InfiniBand (through host memory)"]
-    empty = topo.parse_nccl_log("plain training output\nloss 2.31\n")
-    assert empty["peers"] == [] and empty["version"] is None and topo.nccl_summary(empty).empty
-    assert "NCCL_DEBUG=INFO" in topo.nccl_findings_text(empty)
+    empty = nccl_log.parse_nccl_log("plain training output\nloss 2.31\n")
+    assert empty["peers"] == [] and empty["version"] is None and nccl_log.nccl_summary(empty).empty
+    assert "NCCL_DEBUG=INFO" in nccl_log.nccl_findings_text(empty)

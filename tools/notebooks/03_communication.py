@@ -197,11 +197,12 @@ else:
     print("nvidia-smi topo -m: not available here (no NVIDIA GPU). On a GPU node it shows the links "
           "(NV# = NVLink, PIX/PXB = PCIe switch, SYS = across CPU sockets).")
 if "NCCL INFO" in nccl_log:
-    parsed = topology.parse_nccl_log(nccl_log)
-    print("What NCCL chose for the sweep above (NCCL_DEBUG=INFO):", topology.nccl_findings_text(parsed))
-    ch.table(topology.nccl_summary(parsed))
+    from preflight import nccl_log as nccl
+    parsed = nccl.parse_nccl_log(nccl_log)
+    print("What NCCL chose for the sweep above (NCCL_DEBUG=INFO):", nccl.nccl_findings_text(parsed))
+    ch.table(nccl.nccl_summary(parsed))
 ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the log: "
-        "`preflight.topology.parse_nccl_log(text)` gives the transports (P2P/NVLink, SHM, NET/IB with "
+        "`preflight.nccl_log.parse_nccl_log(text)` gives the transports (P2P/NVLink, SHM, NET/IB with "
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")
 
 # %% [markdown]
