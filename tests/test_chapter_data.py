@@ -74,3 +74,25 @@ def test_gpu_copy_rows_when_measured():
     C.add_measured_findings(sink, load_profile(EXAMPLE), pipe, None, None)
     f = {x.id: x for x in sink.findings}["data/h2d_pinned_speedup"]
     assert f.value == 4.0 and "pinned non_blocking" in f.message
+
+
+def test_rule_of_thumb_agrees_when_a_setting_inside_it_ties_the_best():
+    """The best setting is the cheapest tie (prefetch 2); the rule (prefetch 4-8) still agrees when one
+    of its settings reached the same idle share, and differs when none did."""
+    tune = _measured("loadtune")
+    rows = [dict(r) for r in tune.results["rows"]]
+    best = min(r["idle_share"] for r in rows)
+    def finding(rows):
+        res = dict(tune.results, rows=rows)
+        sink = FindingSink(None, "data_pipeline")
+        C.add_measured_findings(sink, load_profile(EXAMPLE), _measured("datapipe"),
+                                Measured(res, "recorded", {}), None)
+        return {f.id: f for f in sink.findings}["data/best_loader_setting"].message
+    for r in rows:                       # every 1-worker setting with prefetch 4-8 ties the best
+        if r["num_workers"] == 1 and (r["prefetch_factor"] or 0) >= 4:
+            r["idle_share"] = best
+    assert "agrees" in finding(rows)
+    for r in rows:                       # now none inside the rule does
+        if r["num_workers"] == 1 and (r["prefetch_factor"] or 0) >= 4:
+            r["idle_share"] = best + 0.05
+    assert "differs" in finding(rows)

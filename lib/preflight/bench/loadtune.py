@@ -128,7 +128,7 @@ def sweep(shard_dir: str, device, batch: int, step_s: float, settings: list[dict
             "consume_samples_per_s": consume_per_s, "best": best_setting(rows), "cores": os.cpu_count()}
 
 
-def best_setting(rows: list[dict], tolerance: float = 0.01) -> dict:
+def best_setting(rows: list[dict], tolerance: float = M.BEST_TOLERANCE) -> dict:
     """The cheapest setting whose idle share is within ``tolerance`` of the lowest measured:
     fewest workers, then smallest prefetch, then no pinning (each costs host memory or cores)."""
     low = min(r["idle_share"] for r in rows)

@@ -152,16 +152,23 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
         low, high = M.recommended_workers(t["cores"])
         need = (M.workers_needed(t["consume_samples_per_s"], pipe.results["preprocessing"]["per_worker_samples_per_s"])
                 if pipe else None)
-        agree = low <= best["num_workers"] <= high and (
-            best["prefetch_factor"] is None or M.PREFETCH_ADVICE[0] <= best["prefetch_factor"] <= M.PREFETCH_ADVICE[1])
+        # The rule agrees when a setting inside it did as well as the best measured (the best itself is
+        # the cheapest such setting, so comparing settings would call a tie a disagreement).
+        lowest = min(r["idle_share"] for r in t["rows"])
+        in_rule = [r for r in t["rows"] if low <= r["num_workers"] <= high
+                   and M.PREFETCH_ADVICE[0] <= (r["prefetch_factor"] or 0) <= M.PREFETCH_ADVICE[1]]
+        agree = any(r["idle_share"] <= lowest + M.BEST_TOLERANCE for r in in_rule)
         sink.add(id="data/best_loader_setting", value=best["num_workers"], unit="workers", verdict="info",
                  threshold="recorded for reference",
                  message=(f"Measured best: {M.setting_label(best)} (the cheapest within 1 point of the lowest idle share). "
                           f"Rule of thumb for {t['cores']} cores: {low if low == high else f'{low}-{high}'} "
                           f"worker{'s' if high > 1 else ''}, prefetch "
                           f"{M.PREFETCH_ADVICE[0]}-{M.PREFETCH_ADVICE[1]}: the measurement "
-                          + ("agrees" if agree else "differs (the rule sizes for the cores; the measurement for "
-                             "this consumer: trust the measurement)")
+                          + ("agrees (a setting inside it is as good as the best)" if agree else
+                             "differs (no setting inside it reached the best idle share" + ("" if in_rule else
+                                                                                     ": none was measured")
+                             + "; the rule sizes for the cores, the measurement for this consumer: trust "
+                               "the measurement)")
                           + (f"; one worker preprocesses {pipe.results['preprocessing']['per_worker_samples_per_s']:,.0f} "
                              f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
                  fix=FIX_LOADER, source=src)

@@ -25,6 +25,7 @@ SHARD_MB_ADVICE = (200, 500)     # advised shard size on a parallel file system,
 MIN_FILE_MB_PARALLEL_FS = 64     # no file under this on Lustre/GPFS
 WORKER_SHARE = (0.70, 0.80)      # loader workers as a share of the CPU cores (field report's rule)
 PREFETCH_ADVICE = (4, 8)         # prefetch_factor (batches per worker)
+BEST_TOLERANCE = 0.01            # loader settings within 1 point of the lowest idle share count as "best"
 LIST_PAGE_KEYS = 1000            # object stores list keys in pages of 1,000 (S3 ListObjectsV2)
 
 
