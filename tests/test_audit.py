@@ -21,6 +21,10 @@ CH3_IDS = {"comm/allreduce_bytes_per_rank", "comm/allreduce_s", "comm/comm_compu
 CH4_IDS = {"balance/padding_waste", "balance/bucketing_speedup", "balance/bubble_fraction", "balance/bubble_over_ideal",
            "balance/measured_bubble", "balance/partition_gain"}
 
+CH5_IDS = {"resilience/failure_prob_day", "resilience/failure_prob_run", "resilience/mtbf_h",
+           "resilience/checkpoint_interval_s", "resilience/expected_waste", "resilience/walltime_fit",
+           "resilience/resume_bitwise", "resilience/async_stall_ratio", "resilience/elastic_recovery_s"}
+
 
 def _summary(out):
     return json.loads((out / "findings.json").read_text())
@@ -93,6 +97,11 @@ def test_plan_only_audit(tmp_path):
     assert f["balance/padding_waste"]["value"] > 0.3 and f["balance/padding_waste"]["verdict"] == "fail"
     assert f["balance/bubble_fraction"]["value"] == 0 and f["balance/bubble_fraction"]["verdict"] == "pass"
     assert f["balance/measured_bubble"]["value"] is None
+    # chapter 5: 128 nodes at 1e-4 per node-day, the plan's 3 h interval against a 48 h walltime
+    assert CH5_IDS <= set(f)
+    assert f["resilience/failure_prob_day"]["value"] == pytest.approx(1 - (1 - 1e-4) ** 128)
+    assert f["resilience/walltime_fit"]["value"] == pytest.approx(3 / 48)
+    assert f["resilience/resume_bitwise"]["value"] is None
     assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
     index = (out / "index.html").read_text()
     assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
@@ -138,9 +147,14 @@ def test_measure_mode_audit_quick(tmp_path):
     assert f["balance/bucketing_speedup"]["value"] > 0
     assert 0 < f["balance/measured_bubble"]["value"] < 0.6
     assert f["balance/partition_gain"]["value"] > 0
+    # chapter 5: SIGKILL + resume bit for bit, async saves stall less, torchrun restarts the job
+    assert CH5_IDS <= set(f)
+    assert f["resilience/resume_bitwise"]["value"] == 1.0 and f["resilience/resume_bitwise"]["verdict"] == "pass"
+    assert 0 < f["resilience/async_stall_ratio"]["value"] < 1
+    assert 0 < f["resilience/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
-            "overlap", "padding", "pipeline_bubble", "partition"} <= recs
+            "overlap", "padding", "pipeline_bubble", "partition", "resume", "ckptstall", "elastic"} <= recs
     _assert_offline(out)
 
 
@@ -211,7 +225,8 @@ def test_recorded_results_replace_live_measurement(tmp_path):
                 "baseline/measured_scaling_efficiency", "data/small_file_slowdown", "data/headroom",
                 "data/headroom_default", "data/instrumentation_overhead", "comm/measured_busbw",
                 "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving", "balance/bucketing_speedup",
-                "balance/measured_bubble", "balance/partition_gain"):
+                "balance/measured_bubble", "balance/partition_gain", "resilience/resume_bitwise",
+                "resilience/async_stall_ratio", "resilience/elastic_recovery_s"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 

@@ -30,6 +30,14 @@ class Model(_Strict):
     layers: Annotated[int, Field(ge=1, le=10_000, description="Transformer layers")]
     hidden: Annotated[int, Field(ge=8, le=1_000_000, description="hidden size")]
     seq_len: Annotated[int, Field(ge=1, le=10_000_000, description="sequence length, tokens")]
+    heads: Annotated[int | None, Field(ge=1, le=100_000, description="attention heads; empty: hidden / 128 "
+                                       "(head size 128), at least 1")] = None
+    vocab: Annotated[int, Field(ge=1, le=10_000_000, description="vocabulary size, tokens")] = 32_000
+
+    @property
+    def n_heads(self) -> int:
+        """``heads``, or hidden / 128 when not given."""
+        return self.heads or max(1, self.hidden // 128)
 
 
 class Cluster(_Strict):
@@ -38,8 +46,10 @@ class Cluster(_Strict):
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
     intra_node_GBps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
     inter_node_Gbps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU inter-node bandwidth, Gb/s")] = 200.0
-    node_failure_per_day: Annotated[float, Field(ge=0, le=1, description="probability a node fails in a day")] = 1e-4
+    node_failure_per_day: Annotated[float, Field(ge=0, lt=1, description="probability a node fails in a day")] = 1e-4
     walltime_h: Annotated[float, Field(gt=0, le=10_000, description="job walltime limit, hours")] = 48.0
+    gpu_memory_GB: Annotated[float | None, Field(gt=0, le=100_000, description="memory per GPU, GB; empty: "
+                                                 "from the hardware table (cluster.gpu)")] = None
 
     @field_validator("gpu")
     @classmethod
@@ -60,6 +70,15 @@ class Training(_Strict):
     interleave: Annotated[int, Field(ge=1, le=128, description="model chunks per device")] = 1
     checkpoint_write_s: Annotated[float, Field(ge=0, le=1e6, description="time to write one checkpoint, s")] = 60.0
     run_days: Annotated[float, Field(gt=0, le=3650, description="planned run length, days")] = 30.0
+    restart_s: Annotated[float, Field(ge=0, le=1e6, description="time from a failure to training again: detect, "
+                                      "restart or requeue, reload the checkpoint, warm up, s")] = 300.0
+    micro_batch_size: Annotated[int, Field(ge=1, le=65_536, description="sequences per micro-batch per GPU")] = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3, description="ZeRO stage: 0 none, 1 optimizer state, 2 + "
+                                     "gradients, 3 + weights sharded over data parallelism")] = 0
+    activation_recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
+    checkpoint_interval_s: Annotated[float | None, Field(gt=0, le=1e7, description="the plan's checkpoint "
+                                     "interval, s; empty: not decided (chapter 5 proposes the optimum)")] = None
 
 
 class Data(_Strict):
@@ -104,6 +123,11 @@ class Profile(_Strict):
         if t.pipeline_schedule == "interleaved" and t.pp > 1 and t.microbatches % t.pp:
             raise ValueError(f"training.microbatches = {t.microbatches} must be a multiple of training.pp = "
                              f"{t.pp} for the interleaved schedule")
+        m = self.model
+        if m.hidden % m.n_heads:
+            raise ValueError(f"model.heads = {m.n_heads} must divide model.hidden = {m.hidden}")
+        if m.n_heads % t.tp:
+            raise ValueError(f"training.tp = {t.tp} must divide model.heads = {m.n_heads} (each GPU holds whole heads)")
         if t.pipeline_schedule != "interleaved" and t.interleave != 1:
             raise ValueError(f"training.interleave = {t.interleave} needs pipeline_schedule: interleaved")
         return self

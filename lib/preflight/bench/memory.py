@@ -1,0 +1,522 @@
+"""The memory planner checked live: predicted bytes against bytes measured on this machine.
+
+``preflight.models.memory`` predicts per-GPU memory from formulas alone. This module builds a model
+those formulas describe exactly and counts what it really holds, term by term:
+
+1. **Model states** (Rajbhandari et al. 2020). A GPT built in fp32, trained one step with
+   ``torch.optim.AdamW``; then the bytes of the parameters, of their ``.grad`` tensors and of the
+   optimizer state (``exp_avg``, ``exp_avg_sq``) are summed and set against
+   ``Plan(params=<the model's own count>, precision="fp32")``'s ``weights``, ``gradients`` and
+   ``optimizer`` terms: 4 + 4 + 8 bytes per parameter. They agree to the byte (error 0). The one
+   thing the planner leaves out is AdamW's ``step`` counter: torch keeps it as a 0-d fp32 *tensor*
+   per parameter (4 bytes each, on the CPU unless ``capturable``/``fused``), reported apart as
+   ``states_detail["optimizer_step_counters_bytes"]``: a few hundred bytes, not memory anyone
+   plans for.
+
+2. **Activations** (Korthikanti et al. 2022, Table 2): ``sbh (34 + 5 a s / h)`` bytes per layer,
+   16-bit tensors and 1-byte dropout masks. The model runs in bfloat16 (``model.to(torch.bfloat16)``;
+   the CPU supports it) and every tensor autograd saves for backward during one forward pass is
+   caught by ``torch.autograd.graph.saved_tensors_hooks``. Each is counted once per *storage* (a
+   view saved by two ops, or a slice of a larger buffer, holds the whole storage and holds it once),
+   parameters and buffers excluded (they are model state, not activations). Forward hooks on the
+   layers say which part of the model is running, so the bytes land per layer, embedding and
+   output. A walk of the autograd graph afterwards names the op(s) that saved each storage
+   (``NativeLayerNormBackward0._saved_input``...), which gives the per-tensor breakdown.
+
+   What a layer saves here, in the paper's units (s sequence, b micro-batch, h hidden, a heads)::
+
+       LayerNorm 1 input                     2 sbh      LayerNorm 2 input              2 sbh
+       QKV Linear input (LN output)          2 sbh      fc1 input (LN output)           2 sbh
+       q, k  (contiguous copies for Q K^T)   4 sbh      GELU input (fc1 output)         8 sbh
+       softmax output                        2 a s^2 b  fc2 input (GELU output)         8 sbh
+       its dropout mask (bool)               1 a s^2 b  dropout mask (bool)             1 sbh
+       dropped probabilities (for P V)       2 a s^2 b                                ------
+       v  (contiguous copy for P V)          2 sbh      MLP                            19 sbh
+       output projection input               2 sbh
+       dropout mask (bool)                   1 sbh      attention 11 sbh + 5 a s^2 b
+                                                        layer     34 sbh + 5 a s^2 b
+
+   plus what the paper does not count: LayerNorm's mean and rstd, ``s b`` values each, two per
+   LayerNorm, four per layer (bf16 on the CPU: 8 sb bytes; fp32 on CUDA: 16 sb bytes). That is
+   ``8 / (34 h + 5 a s)`` of the layer on the CPU (twice that on CUDA) and the whole systematic
+   difference: measured on a 2-core Xeon, +0.042 % at the quick size (74.03 sbh for the formula's
+   74), +0.021 % at the normal one. The measured figure is a hair *above* the formula, never below.
+
+   Design choices that make the formula apply, each a place where a real model can differ:
+
+   - attention is written out (``softmax(q k^T / sqrt(d)) v``), not
+     ``F.scaled_dot_product_attention``: the fused kernels (flash, memory-efficient, CPU flash)
+     never store the s^2 scores, which is the planner's "selective" case;
+   - the causal mask is *added* as a ``-inf`` bias buffer: an add saves nothing, whereas
+     ``masked_fill(mask, -inf)`` would save the bool s^2 mask (s^2 bytes, shared by all layers);
+   - dropout calls ``torch.native_dropout``, which keeps a 1-byte bool mask on every device.
+     ``nn.Dropout`` / ``F.dropout`` dispatch to it only on CUDA (and XPU, lazy, privateuse1); on
+     the CPU they multiply by a noise tensor *of the input's dtype*, 2 bytes per element in bf16,
+     so each mask would cost twice the paper's figure there (+2 sbh + a s^2 b per layer);
+   - q, k, v are split as views of the QKV output and ``torch.matmul`` copies the transposed heads
+     into contiguous q, k, v (2 sbh each) and saves those; Megatron's ``baddbmm`` on views saves the
+     QKV output itself (6 sbh): the same bytes either way;
+   - the loss is computed on ``logits.float()``, so ``log_softmax`` saves fp32 logits, the planner's
+     4 s b V output term.
+
+   Outside the layers the planner predicts (``activations_output``, pp = 1) the embedding dropout
+   mask (sbh), the final-norm and output-head inputs (2 + 2 sbh) and the fp32 logits (4 sbV). The
+   model also saves the token ids (for the embedding's backward) and the targets (for the loss),
+   int64, 8 sb bytes each, plus the final norm's statistics and the loss's 0-d ``total_weight``:
+   ``other_measured`` comes out +0.38 % above the prediction at the quick size, +0.11 % at the
+   normal one.
+
+   Recompute checks. ``recompute="selective"`` checkpoints the core attention (scores, softmax,
+   dropout, P V) with ``torch.utils.checkpoint``: what stays saved is the 34 sbh, and the QKV output
+   the checkpoint keeps as its input is exactly the 6 sbh of q, k, v. ``recompute="full"`` checkpoints
+   each whole layer: only its input stays, exactly 2 sbh (the checkpoint's non-reentrant machinery
+   saves nothing else through the outer hooks; it also keeps the generator state to replay the
+   dropout, a small CPU tensor outside autograd's saved tensors, not an activation). Both are set
+   against ``layer_activation_bytes(..., recompute=...)``: +0.09 % (the LayerNorm statistics again,
+   now on a smaller total) and 0 at the quick size. Their breakdowns carry shapes, not op names:
+   reading a saved tensor inside a checkpointed region would run its recomputation.
+
+3. **Peak on CUDA** (when there is a device). The same GPT in fp32, one warm-up step (creates the
+   optimizer state and cuBLAS workspaces), gradients kept allocated between steps
+   (``zero_grad(set_to_none=False)``, as Megatron's persistent gradient buffer does), then
+   ``torch.cuda.max_memory_allocated`` over one forward/backward/step, set against the planner's
+   total *without* the framework allowance (``Plan(..., precision="fp32")``: states + activations
+   + output). The memory resident before the step is the states plus the batch and the cuBLAS
+   workspaces (``resident_error_vs_states``). What the peak adds on top of the prediction is
+   transient, and the planner does not model it: while ``log_softmax`` runs, the logits and their
+   log-probabilities coexist (4 sbV each in fp32), in backward the logits' gradient and its
+   input gradient do too, and the gradients of activations in flight. Expect the peak *above*
+   the planner's total, by ~one or two 4 sbV plus the workspaces, and inside the 1 GiB + 10 %
+   framework allowance (``within_allowance``); that expectation is reasoned, not yet measured on a
+   GPU when this was written (the development machine has none), so read the record's figures.
+   On the CPU there is no allocator peak counter: ``peak`` says "not measured: no CUDA device".
+
+Errors are ``measured / predicted - 1``. ``max_abs_error`` covers the model states and the
+per-layer activations (the two things the formulas claim to predict exactly); the peak is a
+different question (what the allocator saw) and keeps its own error.
+
+Run alone::
+
+    python -m preflight.bench.memory --out results/ [--quick] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from preflight.device import default_device, on_device
+from preflight.models import memory as mm
+from preflight.timing import synchronize
+
+METHOD, METHOD_VERSION = "memory", 1
+
+
+# ------------------------------------------------------------------------------------------ sizes
+@dataclass(frozen=True)
+class MemConfig:
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    batch: int          # micro-batch size b
+    vocab: int
+    dropout: float = 0.1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# CPU: a quick run is ~1-2 s on 2 cores, the normal one a few seconds. GPU: large enough that the
+# activations dominate the peak (h=1024, s=1024: ~0.4 GB per layer in fp32), small for an H100.
+CPU_QUICK = MemConfig(layers=2, hidden=256, heads=8, seq_len=256, batch=2, vocab=1000)
+CPU_NORMAL = MemConfig(layers=4, hidden=512, heads=8, seq_len=512, batch=2, vocab=4096)
+GPU_QUICK = MemConfig(layers=2, hidden=512, heads=8, seq_len=512, batch=2, vocab=8192)
+GPU_NORMAL = MemConfig(layers=4, hidden=1024, heads=16, seq_len=1024, batch=2, vocab=32000)
+
+
+def config_for(device, quick: bool = False) -> MemConfig:
+    gpu = torch.device(device).type == "cuda"
+    return (GPU_QUICK if quick else GPU_NORMAL) if gpu else (CPU_QUICK if quick else CPU_NORMAL)
+
+
+# ------------------------------------------------------------------------------------------ model
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout that keeps a 1-byte bool mask on every device (``torch.native_dropout``, what
+    ``F.dropout`` uses on CUDA; on the CPU ``F.dropout`` would keep a mask of ``x``'s dtype)."""
+    if not training or p == 0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+def core_attention(q, k, v, bias, p: float, training: bool):
+    """softmax(q k^T / sqrt(d) + causal bias), dropout, times v: the s^2 part of a layer, explicit
+    so that the scores are stored (what the formula's 5 a s^2 b counts)."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + bias
+    probs = torch.softmax(scores, dim=-1)
+    return dropout(probs, p, training) @ v
+
+
+class Layer(nn.Module):
+    """One Megatron GPT layer (pre-norm): LN, QKV, attention, projection, dropout, residual; LN,
+    h -> 4h, GELU, 4h -> h, dropout, residual."""
+
+    def __init__(self, cfg: MemConfig):
+        super().__init__()
+        h = cfg.hidden
+        self.heads, self.p = cfg.heads, cfg.dropout
+        self.recompute = "none"
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full":     # checkpoint inside the module: its hooks see the checkpoint
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._forward, x, bias, use_reentrant=False)
+        return self._forward(x, bias)
+
+    def _forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.recompute == "selective":
+            from torch.utils.checkpoint import checkpoint
+
+            ctx = checkpoint(core_attention, q, k, v, bias, self.p, self.training, use_reentrant=False)
+        else:
+            ctx = core_attention(q, k, v, bias, self.p, self.training)
+        x = x + dropout(self.proj(ctx.transpose(1, 2).reshape(b, s, h)), self.p, self.training)
+        return x + dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, self.training)
+
+
+class GPT(nn.Module):
+    """Token embedding + dropout, ``layers`` x ``Layer``, final LayerNorm, untied output head;
+    ``forward(idx, targets)`` returns the mean cross-entropy computed in fp32."""
+
+    def __init__(self, cfg: MemConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.emb = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        mask = torch.full((cfg.seq_len, cfg.seq_len), float("-inf")).triu(1)
+        self.register_buffer("causal_bias", mask, persistent=False)
+
+    def set_recompute(self, mode: str) -> "GPT":
+        if mode not in mm.RECOMPUTE:
+            raise ValueError(f"recompute must be one of {mm.RECOMPUTE} (got {mode!r})")
+        for layer in self.layers:
+            layer.recompute = mode
+        return self
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        s = idx.shape[1]
+        bias = self.causal_bias[:s, :s]
+        x = dropout(self.emb(idx), self.cfg.dropout, self.training)
+        for layer in self.layers:
+            x = layer(x, bias)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_model(cfg: MemConfig, device, dtype=torch.float32, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(cfg).to(device=device, dtype=dtype).train()
+
+
+def make_batch(cfg: MemConfig, device, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g)
+    return t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def plan_for(cfg: MemConfig, params: int, precision: str, recompute: str = "none") -> mm.Plan:
+    """The planner's view of this model on one device (no parallelism, one micro-batch)."""
+    return mm.Plan(params=params, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, vocab=cfg.vocab,
+                   seq_len=cfg.seq_len, micro_batch_size=cfg.batch, precision=precision,
+                   recompute=recompute)
+
+
+def _err(measured: float, predicted: float) -> float:
+    return measured / predicted - 1.0
+
+
+# ------------------------------------------------------------------------------------ model states
+def measure_states(cfg: MemConfig, device) -> dict:
+    """fp32 model, AdamW, one forward/backward/step; bytes of parameters, gradients and optimizer
+    state against the planner's fp32 terms (4 + 4 + 8 bytes per parameter)."""
+    model = make_model(cfg, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    idx, tgt = make_batch(cfg, device)
+    model(idx, tgt).backward()
+    opt.step()
+    nbytes = lambda t: t.numel() * t.element_size()          # noqa: E731
+    weights = sum(nbytes(p) for p in model.parameters())
+    grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+    moments = counters = 0
+    state_keys = set()
+    for st in opt.state.values():
+        for key, t in st.items():
+            if not torch.is_tensor(t):
+                continue
+            state_keys.add(key)
+            if key == "step":
+                counters += nbytes(t)
+            else:
+                moments += nbytes(t)
+    n = count_params(model)
+    df = mm.terms(plan_for(cfg, n, "fp32")).set_index("term")
+    rows = [{"term": term, "predicted_bytes": float(df.loc[term, "bytes"]), "measured_bytes": int(meas),
+             "error": _err(meas, float(df.loc[term, "bytes"])), "what": what}
+            for term, meas, what in (("weights", weights, "fp32 parameters"),
+                                     ("gradients", grads, "fp32 .grad of every parameter"),
+                                     ("optimizer", moments, "AdamW exp_avg + exp_avg_sq, fp32"))]
+    return {"params": n, "rows": rows, "optimizer_state_keys": sorted(state_keys),
+            "optimizer_step_counters_bytes": int(counters),
+            "optimizer_step_counters_note": (f"AdamW's 'step': a 0-d fp32 tensor per parameter ({len(opt.state)} "
+                                             "tensors), left out by the planner and by the rows above")}
+
+
+# ------------------------------------------------------------------------------------- activations
+def _units(nbytes: int, shape: list[int], cfg: MemConfig) -> str:
+    """Bytes in the paper's units (they are byte counts: "2 sbh" is a 16-bit s x b x h tensor):
+    a s^2 b for score-shaped tensors, s b V for logits, else sbh, else s b."""
+    s, b, h, a, v = cfg.seq_len, cfg.batch, cfg.hidden, cfg.heads, cfg.vocab
+    numel = math.prod(shape)
+    if shape[-2:] == [s, s] and numel == a * s * s * b:
+        unit, name = a * s * s * b, "as^2b"
+    elif numel == s * b * v:
+        unit, name = s * b * v, "sbV"
+    elif nbytes % (s * b * h) == 0:
+        unit, name = s * b * h, "sbh"
+    else:
+        unit, name = s * b, "sb"
+    return f"{nbytes / unit:g} {name}"
+
+
+def _saver_ops(loss: torch.Tensor) -> dict[int, set[str]]:
+    """Walk the autograd graph from ``loss``: storage pointer -> names of the nodes that saved it."""
+    out: dict[int, set[str]] = defaultdict(set)
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        name = node.name()
+        vals = []
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                try:
+                    vals.append((attr[7:], getattr(node, attr)))
+                except Exception:  # noqa: BLE001 - an attribute that cannot be read back
+                    continue
+        try:
+            vals.extend(("saved_tensors", t) for t in (getattr(node, "saved_tensors", None) or ()))
+        except Exception:  # noqa: BLE001 - custom Function without readable saved tensors
+            pass
+        for attr, val in vals:
+            for t in (val if isinstance(val, (list, tuple)) else (val,)):
+                if torch.is_tensor(t) and t.untyped_storage().nbytes():
+                    out[t.untyped_storage().data_ptr()].add(f"{name}.{attr}")
+        todo.extend(fn for fn, _ in node.next_functions)
+    return out
+
+
+def saved_activations(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, name_ops: bool = True) -> dict:
+    """Every storage autograd saves for backward during one forward pass, once each, parameters
+    and buffers excluded, attributed to the part of the model that was running when it was saved
+    ("embedding", "layer0".."layer{L-1}", "output"). Returns {"tensors": [...], "by_part": {...}}.
+
+    ``name_ops`` walks the graph to name the saving ops. Leave it off for a checkpointed model:
+    reading a saved tensor inside a checkpointed region runs the region's recomputation (once per
+    read, outside backward).
+    """
+    excluded = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    part = ["embedding"]
+    hooks = []
+    for i, layer in enumerate(model.layers):
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: part.__setitem__(0, f"layer{i}")))
+        hooks.append(layer.register_forward_hook(lambda m, a, o: part.__setitem__(0, "output")))
+    found: dict[int, dict] = {}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if st.nbytes() and ptr not in excluded and ptr not in found:
+            found[ptr] = {"part": part[0], "bytes": int(st.nbytes()), "shape": list(t.shape),
+                          "dtype": str(t.dtype).removeprefix("torch.")}
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(idx, tgt)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    ops = _saver_ops(loss) if name_ops else {}
+    del loss
+    tensors, by_part = [], defaultdict(int)
+    for ptr, rec in found.items():
+        rec["ops"] = sorted(ops.get(ptr, ())) or [
+            "not named (checkpointed model)" if not name_ops else "not found on the graph"]
+        rec["units"] = _units(rec["bytes"], rec["shape"], model.cfg)
+        tensors.append(rec)
+        by_part[rec["part"]] += rec["bytes"]
+    return {"tensors": tensors, "by_part": dict(by_part)}
+
+
+def measure_activations(cfg: MemConfig, device, recompute: str = "none") -> dict:
+    """bf16 model, one forward under the hooks; per-layer bytes against ``layer_activation_bytes``,
+    embedding + output bytes against the planner's ``activations_output``."""
+    model = make_model(cfg, device, dtype=torch.bfloat16).set_recompute(recompute)
+    idx, tgt = make_batch(cfg, device)
+    got = saved_activations(model, idx, tgt, name_ops=recompute == "none")
+    predicted = mm.layer_activation_bytes(seq_len=cfg.seq_len, micro_batch_size=cfg.batch, hidden=cfg.hidden,
+                                          heads=cfg.heads, recompute=recompute)
+    per_layer = [got["by_part"].get(f"layer{i}", 0) for i in range(cfg.layers)]
+    errors = [_err(m, predicted) for m in per_layer]
+    df = mm.terms(plan_for(cfg, count_params(model), "mixed", recompute)).set_index("term")
+    other_pred = float(df.loc["activations_output", "bytes"])
+    other_meas = got["by_part"].get("embedding", 0) + got["by_part"].get("output", 0)
+    sbh = cfg.seq_len * cfg.batch * cfg.hidden
+    return {
+        "recompute": recompute,
+        "per_layer_predicted": predicted,
+        "per_layer_measured": per_layer,
+        "error": max(errors, key=abs),
+        "errors": errors,
+        "per_layer_predicted_sbh": predicted / sbh,
+        "per_layer_measured_sbh": [m / sbh for m in per_layer],
+        "breakdown": [t for t in got["tensors"] if t["part"] == "layer0"],
+        "other_measured": {"embedding": got["by_part"].get("embedding", 0),
+                           "output": got["by_part"].get("output", 0), "total": other_meas,
+                           "predicted": other_pred, "error": _err(other_meas, other_pred),
+                           "breakdown": [t for t in got["tensors"] if t["part"] in ("embedding", "output")]},
+        "total_measured": sum(got["by_part"].values()),
+        "total_predicted": float(df.loc["activations", "bytes"]) + other_pred,
+    }
+
+
+# --------------------------------------------------------------------------------------- CUDA peak
+def measure_peak(cfg: MemConfig, device) -> dict:
+    """``torch.cuda.max_memory_allocated`` over one fp32 training step (after a warm-up step, with
+    gradients kept allocated), against the planner's fp32 total without the framework allowance."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"device": str(dev), "measured": False, "note": "not measured: no CUDA device"}
+    gc.collect()                        # nothing left over from the earlier measurements
+    model = make_model(cfg, dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    idx, tgt = make_batch(cfg, dev)
+    model(idx, tgt).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    resident = torch.cuda.memory_allocated(dev)
+    model(idx, tgt).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    df = mm.terms(plan_for(cfg, count_params(model), "fp32")).set_index("term")
+    pred_terms = {t: float(df.loc[t, "bytes"]) for t in df.index if t != "framework"}
+    predicted = sum(pred_terms.values())
+    states = sum(pred_terms[t] for t in ("weights", "gradients", "optimizer"))
+    del model, opt
+    return {"device": str(dev), "measured": True, "precision": "fp32",
+            "method": ("torch.cuda.max_memory_allocated over one forward/backward/AdamW step after a "
+                       "warm-up step; gradients kept allocated (zero_grad(set_to_none=False))"),
+            "measured_peak_bytes": int(peak), "predicted_bytes": predicted, "error": _err(peak, predicted),
+            "resident_before_step_bytes": int(resident),
+            "predicted_states_bytes": states, "resident_error_vs_states": _err(resident, states),
+            "step_growth_bytes": int(peak - resident),
+            "predicted_activation_bytes": pred_terms["activations"] + pred_terms["activations_output"],
+            "predicted_terms": pred_terms,
+            "framework_allowance_bytes": float(df.loc["framework", "bytes"]),
+            "within_allowance": bool(peak <= predicted + float(df.loc["framework", "bytes"]))}
+
+
+# -------------------------------------------------------------------------------------------- all
+def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = None,
+                   recompute_checks: bool = True) -> dict:
+    """Predicted vs measured memory on one device; a JSON-able dict.
+
+    Keys: config (dims, dtypes, device), states (list of {term, predicted_bytes, measured_bytes,
+    error, what}), states_detail, activations ({per_layer_predicted, per_layer_measured (one per
+    layer), error (the largest by magnitude), breakdown (layer 0's saved tensors: part, bytes, shape,
+    dtype, ops, units), other_measured (embedding + output vs ``activations_output``)}), recompute
+    ({selective, full}: the same per-layer check with ``torch.utils.checkpoint``), peak (CUDA only,
+    else a "not measured" note), and the headline scalars max_abs_error (states + per-layer
+    activations), activation_error, peak_error, elapsed_s.
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device) if device is not None else default_device()
+    cfg = cfg or config_for(dev, quick)
+    with on_device(dev):
+        states = measure_states(cfg, dev)
+        acts = measure_activations(cfg, dev)
+        rc = ({mode: {k: v for k, v in measure_activations(cfg, dev, mode).items()
+                      if k in ("per_layer_predicted", "per_layer_measured", "error", "errors", "breakdown",
+                               "per_layer_predicted_sbh", "per_layer_measured_sbh")}
+               for mode in ("selective", "full")} if recompute_checks else None)
+        peak = measure_peak(cfg, dev)
+    errs = [r["error"] for r in states["rows"]] + acts["errors"]
+    return {
+        "device": str(dev), "quick": quick,
+        "config": {**cfg.as_dict(), "device": str(dev), "params": states["params"],
+                   "states_dtype": "float32 (AdamW)", "activations_dtype": "bfloat16",
+                   "peak_dtype": "float32" if peak["measured"] else None,
+                   "attention": "explicit softmax(q k^T / sqrt(d) + causal bias) v, dropout on the probabilities",
+                   "dropout_impl": "torch.native_dropout (bool masks)"},
+        "states": states["rows"],
+        "states_detail": {k: v for k, v in states.items() if k != "rows"},
+        "activations": acts,
+        "recompute": rc,
+        "peak": peak,
+        "max_abs_error": max(abs(e) for e in errs),
+        "activation_error": acts["error"],
+        "peak_error": peak.get("error"),
+        "elapsed_s": time.perf_counter() - t0,
+    }
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    from preflight.records import make_record, save_record
+
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.memory", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="results folder for the record")
+    ap.add_argument("--quick", action="store_true", help="small sizes (tests, smoke runs)")
+    ap.add_argument("--device", default=None, help="e.g. cpu or cuda:1 (default: this rank's GPU, else CPU)")
+    args = ap.parse_args(argv)
+
+    dev = torch.device(args.device) if args.device else default_device()
+    res = measure_memory(dev, quick=args.quick)
+    rec = make_record(METHOD, METHOD_VERSION, {"quick": args.quick, "device": str(dev), "config": res["config"]}, res)
+    path = save_record(rec, args.out)
+    a, pk = res["activations"], res["peak"]
+    print(f"memory ({dev}): states max |error| {max(abs(r['error']) for r in res['states']):.2%}; per layer "
+          f"{a['per_layer_measured'][0] / 2**20:.2f} MiB measured vs {a['per_layer_predicted'] / 2**20:.2f} MiB "
+          f"predicted ({a['error']:+.2%}); peak "
+          + (f"{pk['measured_peak_bytes'] / 2**30:.2f} GiB vs {pk['predicted_bytes'] / 2**30:.2f} GiB "
+             f"({pk['error']:+.1%})" if pk["measured"] else pk["note"]) + f" -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Chapter 5, fault tolerance: the failure math and checkpoint interval of the profile's plan
+(``preflight.models.resilience``), and the measured resume, checkpoint stall and elastic recovery,
+as findings.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from preflight.findings import FindingSink, judge
+from preflight.models import resilience as R
+from preflight.profile import Profile
+
+PROFILE_SOURCE = "computed from profile"
+
+# Thresholds (one home).
+# Waste: the share of the run lost to checkpoint writes, recomputation and restarts. Under 5 % is what
+# a tuned large run achieves; over 15 % is a week of a 30-day run.
+WASTE_WARN, WASTE_FAIL = 0.05, 0.15
+# The plan's interval against the optimum: extra waste in percentage points of the run.
+EXTRA_WARN, EXTRA_FAIL = 0.01, 0.05
+# Interval / walltime: > 0.5 fewer than two checkpoints per allocation; > 1 a job can end before its
+# first checkpoint, so unless the walltime signal triggers a save, no work survives the allocation.
+WALLTIME_WARN, WALLTIME_FAIL = 0.5, 1.0
+# Async checkpointing: the stall should be a small fraction of the synchronous one.
+STALL_WARN, STALL_FAIL = 0.5, 1.0
+
+
+def plan(profile: Profile) -> dict:
+    """The plan's failure and checkpoint numbers, in seconds and fractions."""
+    c, t = profile.cluster, profile.training
+    mtbf_h = R.system_mtbf_h(c.node_failure_per_day, c.nodes)
+    m_s = mtbf_h * 3600
+    young = R.young_interval(t.checkpoint_write_s, m_s)
+    daly = R.daly_interval(t.checkpoint_write_s, m_s)
+    # no failures (M infinite): the checkpoint exists for the walltime; free writes (C = 0): every step
+    daly = c.walltime_h * 3600 if math.isinf(m_s) else min(max(daly, t.step_compute_s + t.step_serial_s),
+                                                            c.walltime_h * 3600)
+    chosen = t.checkpoint_interval_s or daly
+    return {"p_day": R.failure_prob(c.node_failure_per_day, c.nodes, 1.0),
+            "p_run": R.failure_prob(c.node_failure_per_day, c.nodes, t.run_days),
+            "failures_run": R.run_failures(c.node_failure_per_day, c.nodes, t.run_days),
+            "mtbf_h": mtbf_h, "C": t.checkpoint_write_s, "R": t.restart_s,
+            "young_s": young, "daly_s": daly, "plan_s": t.checkpoint_interval_s, "interval_s": chosen,
+            "waste_opt": R.daly_waste(daly, t.checkpoint_write_s, t.restart_s, m_s),
+            "waste_plan": R.daly_waste(chosen, t.checkpoint_write_s, t.restart_s, m_s),
+            "walltime_ratio": R.walltime_fit(chosen, c.walltime_h)}
+
+
+def _dur(s: float) -> str:
+    if s != s or s == float("inf"):
+        return "unbounded"
+    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
+    """Failure probability, MTBF, checkpoint interval, waste and walltime fit of the plan."""
+    c, t = profile.cluster, profile.training
+    p = plan(profile)
+    gpu_h = profile.gpus * t.run_days * 24
+    sink.add(id="resilience/failure_prob_day", value=p["p_day"], unit="probability", verdict="info",
+             threshold="recorded for reference (1-(1-p)^N)",
+             message=(f"{c.nodes} nodes at {c.node_failure_per_day:g} failures per node-day: at least one node fails "
+                      f"on {p['p_day']:.2%} of days (1e-4 x 1000 nodes: 9.5 %/day)."),
+             fix="Plan for failure: checkpoint, resume automatically, restart elastically.", source=PROFILE_SOURCE)
+    sink.add(id="resilience/failure_prob_run", value=p["p_run"], unit="probability", verdict="info",
+             threshold="recorded for reference",
+             message=(f"Over the {t.run_days:g}-day run: {p['p_run']:.1%} chance of at least one failure, "
+                      f"{p['failures_run']:.2g} failures expected."),
+             fix="A run that must not fail cannot be planned; a run that resumes can.", source=PROFILE_SOURCE)
+    sink.add(id="resilience/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
+             threshold="recorded for reference (Llama 3: one interruption every ~3 h on 16k GPUs)",
+             message=f"System mean time between failures: {_dur(p['mtbf_h'] * 3600)} (node failures only; add "
+                     "pre-emption, file-system and network incidents from your site's logs).",
+             fix="Lower the per-node rate with your site's measured figure; it sets everything below.",
+             source=PROFILE_SOURCE)
+
+    extra = p["waste_plan"] - p["waste_opt"]
+    if p["plan_s"] is None:
+        v, words = "warn", "the plan names no interval (training.checkpoint_interval_s)"
+    else:
+        v, words = judge(extra, warn=EXTRA_WARN, fail=EXTRA_FAIL, higher_is_better=False, fmt="{:+.0%}")
+        words = "extra waste of the plan's interval vs the optimum: " + words
+    plan_words = (f"the plan's {_dur(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
+                  if p["plan_s"] else "the plan names none: set training.checkpoint_interval_s")
+    sink.add(id="resilience/checkpoint_interval_s", value=p["daly_s"], unit="s", verdict=v, threshold=words,
+             message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {_dur(p['mtbf_h'] * 3600)}: "
+                      f"{_dur(p['daly_s'])} (Daly; Young's sqrt(2 C M) {_dur(p['young_s'])}); {plan_words}."),
+             fix="Checkpoint at the optimum; lower C (asynchronous two-stage saves) to shorten it.",
+             source=PROFILE_SOURCE)
+    v, words = judge(p["waste_plan"], warn=WASTE_WARN, fail=WASTE_FAIL, higher_is_better=False, fmt="{:.0%}")
+    sink.add(id="resilience/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
+             message=(f"At a {_dur(p['interval_s'])} interval, {p['waste_plan']:.2%} of the run goes to checkpoint "
+                      f"writes, recomputed work and restarts ({p['R']:g} s each): {p['waste_plan'] * gpu_h:,.0f} "
+                      f"of {gpu_h:,.0f} GPU-hours (Daly's exponential model; the chapter checks it by simulation)."),
+             fix="Faster checkpoints (async, local first), faster restarts (elastic, warm spares).",
+             source=PROFILE_SOURCE)
+    v, words = judge(p["walltime_ratio"], warn=WALLTIME_WARN, fail=WALLTIME_FAIL, higher_is_better=False,
+                     fmt="{:.2g}")
+    sink.add(id="resilience/walltime_fit", value=p["walltime_ratio"], unit="ratio", verdict=v,
+             threshold="interval / walltime: " + words,
+             message=(f"Interval {_dur(p['interval_s'])} vs a {c.walltime_h:g} h walltime: "
+                      + (f"{1 / p['walltime_ratio']:.3g} checkpoints per allocation." if p["walltime_ratio"] > 0 else "")
+                      + f" The {t.run_days:g}-day run needs at least {math.ceil(t.run_days * 24 / c.walltime_h)} "
+                      f"allocations, each with a restart; the last stretch of each is lost unless the walltime "
+                      "signal triggers a save."),
+             fix="Trap the scheduler's warning (sbatch --signal=B:USR1@<s>), save, requeue: "
+                 "preflight/slurm/walltime_requeue.sbatch.", source=PROFILE_SOURCE)
+    return p
+
+
+def add_measured_findings(sink: FindingSink, resume, stall, elastic,
+                          why_missing: str = "plan-only mode (no live measurement)") -> None:
+    """``resume``, ``stall``, ``elastic``: ``preflight.chapter.Measured`` or None each."""
+    if resume is None:
+        sink.not_measured("resilience/resume_bitwise", "bool", "pass = bitwise equal",
+                          "Checkpoint model, optimizer, scheduler, every RNG and the data position.", why_missing)
+    else:
+        r = resume.results
+        broken = [x for x in r["rows"][1:] if not x["bitwise_equal"]]
+        sink.add(id="resilience/resume_bitwise", value=float(r["resume_bitwise"]), unit="bool",
+                 verdict="pass" if r["resume_bitwise"] else "fail", threshold="pass = bitwise equal",
+                 message=(f"Killed with SIGKILL after step {r['killed_after_step']}, resumed from the step "
+                          f"{r['checkpoint_step']} checkpoint ({r['steps_lost']} step(s) recomputed): the "
+                          f"{r['rows'][0]['steps_compared']} losses are "
+                          + ("bit-for-bit those of the uninterrupted run. " if r["resume_bitwise"] else
+                             "NOT those of the uninterrupted run. ")
+                          + "Leaving out " + ", ".join(f"{x['variant'].removeprefix('without ')} (max |diff| "
+                                                       f"{x['max_abs_diff']:.2g})" for x in broken)
+                          + " makes the curve depart."),
+                 fix="Save and restore every part of the state: preflight.bench.trainloop shows each.",
+                 source=resume.source)
+    if stall is None:
+        sink.not_measured("resilience/async_stall_ratio", "ratio", "recorded for reference",
+                          "Snapshot to host memory, write in the background.", why_missing)
+    else:
+        r = stall.results
+        v, words = judge(r["async_stall_ratio"], warn=STALL_WARN, fail=STALL_FAIL, higher_is_better=False,
+                         fmt="{:.2g}")
+        rows = pd.DataFrame(r["rows"])
+        parts = "; ".join(f"{x.method}: {x.stall_s * 1e3:.1f} ms" for x in rows.itertuples()
+                          if hasattr(x, "stall_s"))
+        two = rows[rows["method"] == "async two-stage"]
+        hidden = ""
+        if len(two) and "hidden_cost_s" in two:
+            x = two.iloc[0]
+            hidden = (f" Hidden cost: the steps trained while the background write ran were {x['inflight_slowdown']:.2f}x "
+                      f"slower ({x['hidden_cost_s'] * 1e3:.0f} ms per checkpoint), as the writer competes for "
+                      "the same CPU cores; a GPU-bound step leaves them free.")
+        sink.add(id="resilience/async_stall_ratio", value=r["async_stall_ratio"], unit="ratio", verdict=v,
+                 threshold="async stall / sync stall: " + words,
+                 message=(f"Training waits {r['async_stall_ratio']:.2f}x as long for an asynchronous two-stage save "
+                          f"as for a synchronous one (state {r['config'].get('state_MB', 0):.0f} MB; {parts})."
+                          + hidden),
+                 fix="Snapshot to host memory and write in the background (TwoStageCheckpointer, DCP async_save).",
+                 source=stall.source)
+    if elastic is None:
+        sink.not_measured("resilience/elastic_recovery_s", "s", "recorded for reference",
+                          "Run under torchrun --max-restarts with a c10d rendezvous.", why_missing)
+    else:
+        r = elastic.results
+        sink.add(id="resilience/elastic_recovery_s", value=r["recovery_s"], unit="s", verdict="info",
+                 threshold="recorded for reference",
+                 message=(f"torchrun --max-restarts=2: rank 1 killed after step {r['killed_after_step']}; training "
+                          f"again {r['recovery_s']:.1f} s later from the step {r['resumed_from']} checkpoint "
+                          f"({r['steps_lost']} steps lost, back to the kill point after {r['time_to_regain_s']:.1f} s); "
+                          "final loss " + ("bitwise equal to" if r["final_loss_equal"] else "DIFFERENT from")
+                          + " an uninterrupted run."),
+                 fix="torchrun --max-restarts with c10d rendezvous; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.",
+                 source=elastic.source)

@@ -1,0 +1,365 @@
+"""A real single-node Slurm cluster for the tests (a helper, not a test file).
+
+``slurm_cluster(tmpdir)`` starts munged, slurmctld and slurmd with every state / spool / log / pid
+path under ``tmpdir`` and yields a :class:`SlurmCluster`; on the way out (always, also on errors and
+timeouts) it cancels the jobs, stops the daemons (the pids they were started with and wrote into their
+pid files) and then kills whatever is left that carries this cluster's ``SLURM_CONF`` in its
+environment (slurmstepd, job processes), so no process outlives the test.
+
+    with slurm_cluster(tmp_path) as cluster:
+        job = cluster.submit(script, "--time=2", env={"CKPT_DIR": str(ckpt)})
+        cluster.wait(job, {"COMPLETED"}, timeout=300)
+
+The configuration is the one recorded in /work/shared/field-notes.md ("Slurm"): root runs everything
+(SlurmUser root), munge with its own key and socket, ``proctrack/linuxproc`` + ``task/none`` (no
+cgroups), no accounting database (job state from ``scontrol`` or the ``jobcomp/filetxt`` log),
+``cred_expire=10`` so a requeued job starts again within seconds. The node is ``hostname -s`` at
+127.0.0.1, the daemons listen on free ports picked at start and bind to that address only
+(``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny``).
+
+Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``make test`` as root installs
+them); otherwise the tests using it are skipped with :data:`SKIP_REASON`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+SKIP_REASON = ("Slurm tests need root and Debian's slurmctld slurmd slurm-client munge: run `make test` "
+               "as root (it installs them) or apt-get install them")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
+_SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path=os.pathsep.join(_SBIN))
+
+
+def missing() -> str | None:
+    """Why a cluster cannot start here (None: it can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return SKIP_REASON + " (not root)"
+    absent = [b for b in BINARIES if _which(b) is None]
+    if absent:
+        return SKIP_REASON + f" (missing: {' '.join(absent)})"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (kept bound together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(none)"
+
+
+def _parse_kv(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value2`` (scontrol -o / jobcomp filetxt) -> dict; values have no spaces there."""
+    out = {}
+    for tok in line.split():
+        k, sep, v = tok.partition("=")
+        if sep:
+            out[k] = v
+    return out
+
+
+class SlurmCluster:
+    """One running single-node cluster; see the module docstring."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = self.root / "etc" / "slurm.conf"
+        self.log_dir = self.root / "log"
+        self.run_dir = self.root / "run"
+        self.jobcomp = self.root / "jobcomp.log"
+        self.ctld_port, self.slurmd_port = _free_ports(2)
+        self.env = dict(os.environ)
+        self.env["PATH"] = os.pathsep.join([self.env.get("PATH", ""), *_SBIN])
+        self.env["SLURM_CONF"] = str(self.conf)
+        for var in [v for v in self.env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
+            if var != "SLURM_CONF":          # a surrounding job's settings must not leak into ours
+                del self.env[var]
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._jobs: list[str] = []
+        self._short_dir: str | None = None
+        self.bringup_s: float | None = None
+
+    # ------------------------------------------------------------------ configuration
+    def _munge_socket_dir(self) -> Path:
+        # a unix socket path has to fit in 108 bytes; pytest's tmp paths can be longer
+        d = self.root / "munge"
+        if len(str(d / "munge.socket.2")) > 100:
+            self._short_dir = tempfile.mkdtemp(prefix="pf-munge-", dir="/tmp")
+            d = Path(self._short_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _write_config(self) -> None:
+        for d in ("etc", "state", "spool", "log", "run", "munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        sock_dir = self._munge_socket_dir()
+        # munged wants the socket's directories searchable (711) and not writable by others
+        for d in (self.root, self.root / "munge", sock_dir):
+            os.chmod(d, 0o711)
+        self.munge_socket = sock_dir / "munge.socket.2"
+        self.munge_key = self.root / "munge" / "munge.key"
+        self.munge_key.write_bytes(secrets.token_bytes(1024))
+        os.chmod(self.munge_key, 0o400)
+        node_line = self._node_line()
+        r = self.root
+        self.conf.write_text(f"""\
+# written by tests/slurm_cluster.py: single node, everything as root, no cgroups, no database
+ClusterName=preflight
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={self.ctld_port}
+SlurmdPort={self.slurmd_port}
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket},cred_expire=10
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={self.jobcomp}
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobRequeue=1
+SchedulerParameters=sched_interval=5
+MailProg=/bin/true
+ReturnToService=2
+MinJobAge=600
+KillWait=10
+{node_line}
+PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def _node_line(self) -> str:
+        """``slurmd -C`` (what slurmd will detect) with our name and address; a plain CPUs= line if that fails."""
+        try:
+            out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, timeout=30,
+                                 env=self.env).stdout
+            line = next(ln for ln in out.splitlines() if ln.startswith("NodeName="))
+            fields = [f for f in line.split()[1:] if not f.startswith(("RealMemory=", "UpTime="))]
+        except (OSError, subprocess.SubprocessError, StopIteration):
+            fields = [f"CPUs={os.cpu_count() or 1}"]
+        return f"NodeName={self.node} NodeAddr=127.0.0.1 {' '.join(fields)} State=UNKNOWN"
+
+    # ------------------------------------------------------------------ daemons
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.stdout", "ab")
+        try:
+            self._procs[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+
+    def _check_alive(self) -> None:
+        for name, p in self._procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.diagnostics()}")
+
+    def start(self, timeout: float = 90) -> "SlurmCluster":
+        t0 = time.monotonic()
+        self._write_config()
+        # foreground (-F / -D) children: their pids are ours to stop and reap
+        self._spawn("munged", [_which("munged"), "-F", "--force", f"--socket={self.munge_socket}",
+                               f"--key-file={self.munge_key}", f"--log-file={self.log_dir}/munged.log",
+                               f"--pid-file={self.run_dir}/munged.pid",
+                               f"--seed-file={self.root}/munge/munged.seed"])
+        self._until(lambda: self.munge_socket.exists(), timeout, "munged socket")
+        self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
+        self._until(lambda: self._sinfo_state() == "idle", timeout - (time.monotonic() - t0), "node idle")
+        self.bringup_s = time.monotonic() - t0
+        return self
+
+    def _sinfo_state(self) -> str:
+        try:
+            r = self.run("sinfo", "-h", "-o", "%T", timeout=10)
+        except subprocess.TimeoutExpired:
+            return ""
+        return r.stdout.strip().rstrip("*~#")
+
+    def _until(self, ok, timeout: float, what: str, every: float = 0.25) -> None:
+        deadline = time.monotonic() + max(timeout, 1)
+        while True:
+            self._check_alive()
+            if ok():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Slurm: no {what} after {timeout:.0f} s\n{self.diagnostics()}")
+            time.sleep(every)
+
+    def _pids_with_our_conf(self) -> list[int]:
+        """Processes whose environment carries this cluster's SLURM_CONF (stepds, job processes)."""
+        tag = f"SLURM_CONF={self.conf}".encode()
+        me = os.getpid()
+        pids = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == me:
+                continue
+            try:
+                if tag in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+        return pids
+
+    def stop(self) -> None:
+        """Cancel jobs, stop the daemons, kill leftovers. Safe to call twice, never raises."""
+        with contextlib.suppress(Exception):
+            if self._jobs and "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
+                self.run("scancel", *self._jobs, timeout=10)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and any(
+                        self.job_state(j) in ("RUNNING", "COMPLETING", "CONFIGURING") for j in self._jobs):
+                    time.sleep(0.5)
+        pids = {}
+        for name in ("slurmd", "slurmctld", "munged"):
+            p = self._procs.get(name)
+            pid = p.pid if p else None
+            with contextlib.suppress(OSError, ValueError):
+                pid = pid or int((self.run_dir / f"{name}.pid").read_text().split()[0])
+            if pid:
+                pids[name] = pid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+        for name, pid in pids.items():
+            p = self._procs.get(name)
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=10)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        for _ in range(3):     # stepds and job processes are not our children: kill by SLURM_CONF tag
+            left = self._pids_with_our_conf()
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        self._procs.clear()
+        if self._short_dir:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
+            self._short_dir = None
+
+    # ------------------------------------------------------------------ clients
+    def run(self, *argv: str, timeout: float = 60, check: bool = False, env: dict | None = None,
+            **kw) -> subprocess.CompletedProcess:
+        """A Slurm client command (srun, scontrol, ...) against this cluster."""
+        full = dict(self.env, **(env or {}))
+        return subprocess.run([_which(argv[0]) or argv[0], *argv[1:]], env=full, capture_output=True,
+                              text=True, timeout=timeout, check=check, **kw)
+
+    def submit(self, script_path, *sbatch_args: str, script_args=(), env: dict | None = None,
+               timeout: float = 30) -> str:
+        """``sbatch [sbatch_args] script [script_args]`` -> job id. ``env`` adds variables to the job."""
+        r = self.run("sbatch", "--parsable", *sbatch_args, str(script_path), *map(str, script_args),
+                     env=env, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({r.returncode}): {r.stderr}\n{self.diagnostics()}")
+        job = r.stdout.strip().split(";")[0]
+        self._jobs.append(job)
+        return job
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict, else the job's last record in the jobcomp log, else {}."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r = self.run("scontrol", "show", "job", "-o", str(job_id), timeout=15)
+            if r.returncode == 0 and "JobState=" in r.stdout:
+                return _parse_kv(r.stdout)
+        recs = self.jobcomp_records(job_id)
+        return recs[-1] if recs else {}
+
+    def jobcomp_records(self, job_id: str | None = None) -> list[dict[str, str]]:
+        """The jobcomp/filetxt records (one per finished allocation, requeues included)."""
+        try:
+            lines = self.jobcomp.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        recs = [_parse_kv(ln) for ln in lines if ln.strip()]
+        return [d for d in recs if job_id is None or d.get("JobId") == str(job_id)]
+
+    def job_state(self, job_id: str) -> str:
+        """RUNNING, PENDING, COMPLETED, FAILED, TIMEOUT, ... ('' when the job is unknown)."""
+        return self.job_info(job_id).get("JobState", "")
+
+    def wait(self, job_id: str, states, timeout: float, every: float = 1.0) -> str:
+        """Poll until the job's state is one of ``states``; return it. TimeoutError with logs otherwise."""
+        states = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        state = ""
+        while True:
+            state = self.job_state(job_id)
+            if state in states:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {state or 'unknown'} after {timeout:.0f} s "
+                                   f"(waited for {sorted(states)})\n{self.diagnostics()}")
+            self._check_alive()
+            time.sleep(every)
+
+    def diagnostics(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd.log", "munged.log", "slurmctld.stdout", "slurmd.stdout",
+                     "munged.stdout"):
+            p = self.log_dir / name
+            if p.exists():
+                parts.append(f"--- {name} (tail)\n{_tail(p)}")
+        return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def slurm_cluster(tmpdir, timeout: float = 90):
+    """Start a cluster under ``tmpdir`` (pytest.skip when this machine cannot); stop it on exit."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(Path(tmpdir))
+    try:
+        cluster.start(timeout=timeout)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,289 @@
+# %% [markdown]
+# # Chapter 5: Fault tolerance
+#
+# **Pitfall:** a long run on many nodes treated like a run on one GPU: no checkpoint, or one that
+# holds only the weights, written synchronously to a slow shared file system, and no plan for the
+# walltime limit. On a supercomputer failure is normal: with N nodes that each fail with probability
+# p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1e-4, N = 1000: 9.5 % a
+# day; over a 30-day run almost certain). Llama 3 405B saw 419 unexpected interruptions in 54 days on
+# 16,384 GPUs: one every ~3 hours.
+#
+# This chapter turns that into numbers for your cluster and proves, on real machinery, that a
+# checkpoint/resume design survives a SIGKILL, an elastic restart and a walltime limit:
+#
+# 1. **failure math** for the profile's cluster (sliders);
+# 2. the **checkpoint interval**: Young's and Daly's formulas checked against a Monte Carlo simulation;
+# 3. **full-state checkpoint and bitwise resume**: a real training run killed with SIGKILL, resumed,
+#    and compared bit for bit with an uninterrupted run; then what breaks when a part is left out;
+# 4. **two-stage durable checkpoints**: local first, shared in the background, published only when
+#    durable; the training stall of synchronous vs asynchronous saves; corruption detected;
+# 5. **elastic restart** under torchrun: a worker killed, the job back by itself;
+# 6. the **walltime limit** on Slurm: signal, save, requeue, resume.
+#
+# **Time:** about 1 minute on a 2-core CPU (the runs are small on purpose: they test the machinery,
+# not the hardware), the same on a GPU node. `plan_only = True`: formulas on the profile only (seconds).
+
+# %%
+# parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
+profile_path = "../data/profiles/example.yaml"
+findings_path = ""      # where the audit collects findings; empty: keep them in memory
+plan_only = False       # True: formulas on the profile only, no live measurement
+results_dir = ""        # folder of recorded measurements (e.g. from your cluster) to use instead
+out_dir = ""            # the audit's output folder (records, charts)
+quick = False           # smallest sizes (smoke test)
+interactive = True      # show the sliders (the headless audit turns them off)
+shared_dir = ""         # the "shared" file system for checkpoints (default: data.scratch_dir, else .cache/)
+
+# %%
+import os
+
+import pandas as pd
+
+from preflight import REPO, charts
+from preflight.chapter import start
+from preflight.chapters import fault_tolerance as C
+from preflight.models import resilience as R
+
+ch = start("fault_tolerance", profile_path, findings_path or None, plan_only, results_dir or None,
+           out_dir or None, quick=quick)
+prof = ch.profile
+c, t = prof.cluster, prof.training
+print(f"project {prof.project}: {c.nodes} nodes x {c.gpus_per_node} GPUs, {c.node_failure_per_day:g} failures per "
+      f"node-day, {t.run_days:g}-day run, walltime {c.walltime_h:g} h, checkpoint write {t.checkpoint_write_s:g} s, "
+      f"restart {t.restart_s:g} s")
+ch.announce()
+work = REPO / ".cache" / "fault_tolerance"
+shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5") if prof.data.scratch_dir
+                        else str(work / "shared"))
+
+# %% [markdown]
+# ## 1. Failure is normal: the numbers for this cluster
+#
+# A node that fails with probability p on a given day survives it with probability 1−p; N independent
+# nodes all survive with (1−p)^N. So the chance of **at least one failure** is 1−(1−p)^N a day and
+# 1−(1−p)^(N·days) over the run. The equivalent failure rate is N·(−ln(1−p)) per day, and the
+# **system MTBF** is its inverse: it shrinks in proportion to the node count. The reference points
+# below put the profile among published figures; the per-node rate is the input to check with your
+# site (add pre-emption, file-system hiccups and network incidents: they interrupt a job just as well).
+
+# %%
+p5 = C.add_plan_findings(ch.findings, prof)
+ch.table(pd.DataFrame([
+    {"quantity": "P(at least one failure per day)", "value": f"{p5['p_day']:.2%}"},
+    {"quantity": f"P(at least one failure in {t.run_days:g} days)", "value": f"{p5['p_run']:.1%}"},
+    {"quantity": "expected failures per run", "value": f"{p5['failures_run']:.2f}"},
+    {"quantity": "system MTBF", "value": f"{p5['mtbf_h']:,.1f} h"}]))
+ch.table(R.reference_points())
+ch.show("failure_probability", charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import failure_explorer
+    display(failure_explorer(c.node_failure_per_day, c.nodes, t.run_days))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
+# ## 2. How often to checkpoint: formulas against a simulation
+#
+# Checkpointing every τ seconds costs a write of C seconds each time; a failure (one per MTBF M on
+# average) costs the work since the last checkpoint, half an interval on average, plus a restart of R
+# seconds. Young (1974) balanced the first-order terms, C/τ against τ/(2M), and found
+# **τ = √(2·C·M)**. Daly (2006) solved the exponential model exactly enough to also count failures
+# during writes and restarts: his interval is shorter when C is not small against M, and his waste
+# formula is what the simulation should reproduce.
+#
+# The **Monte Carlo simulation is the truth** here: failures drawn as a Poisson process, every
+# segment of τ+C redone after a failure plus R (failures may strike during the restart too). The
+# formulas are checked against it, at the profile's numbers and then on the sliders. Where C/M is not
+# small (a slow write on a flaky machine) the first-order formula is visibly off; Daly's is not.
+
+# %%
+m_s = p5["mtbf_h"] * 3600
+if m_s == float("inf"):
+    print("node_failure_per_day = 0: no failures, so no optimal interval; the checkpoint exists for the walltime.")
+else:
+    curve = R.waste_curve(t.checkpoint_write_s, t.restart_s, m_s, segments=4000 if ch.quick else 20000)
+    marks = {"Young": p5["young_s"], "Daly": p5["daly_s"], "simulated optimum": R.optimal_interval_simulated(curve)}
+    if t.checkpoint_interval_s:
+        marks["plan"] = t.checkpoint_interval_s
+    ch.show("waste_curve", charts.waste_curve_chart(curve, marks, title=f"Expected waste, C={t.checkpoint_write_s:g} s, "
+                                                    f"R={t.restart_s:g} s, MTBF={p5['mtbf_h']:,.0f} h"))
+    at = pd.DataFrame([{"interval": k, "seconds": v, "Daly waste": R.daly_waste(v, t.checkpoint_write_s, t.restart_s, m_s),
+                        "first-order waste": R.first_order_waste(v, t.checkpoint_write_s, t.restart_s, m_s),
+                        **{f"simulated {k2}": v2 for k2, v2 in R.simulate_waste(v, t.checkpoint_write_s, t.restart_s, m_s,
+                                                                               segments=4000 if ch.quick else 20000).items()
+                           if k2 in ("waste", "se")}} for k, v in marks.items()])
+    ch.table(at)
+
+# %%
+if interactive:
+    from preflight.widgets import interval_explorer
+    display(interval_explorer(t.checkpoint_write_s, t.restart_s, p5["mtbf_h"] if m_s != float("inf") else 1e5,
+                              t.checkpoint_interval_s))
+
+# %% [markdown]
+# ## 3. Full-state checkpoint, SIGKILL, bitwise resume
+#
+# A small real training run (`preflight.bench.trainloop`: an MLP with dropout, AdamW, warm-up + cosine
+# LR schedule, shuffled batches, input noise from NumPy and feature masking from Python's `random`)
+# checkpoints **everything** that decides the next step: weights, optimizer moments, scheduler
+# position, the Python / NumPy / torch (CPU and CUDA) generators, the shuffle generator at the start of
+# the epoch and the number of batches consumed. It is killed with **SIGKILL** by this notebook at a
+# random step between two checkpoints, started again with the same command, and its losses compared
+# with an uninterrupted run **bit for bit**.
+#
+# Then the same checkpoint is resumed four more times, each leaving one part out. The chart shows how
+# far each departs from the uninterrupted run: the loss curve "jumps" after a resume that forgot
+# something, which is what a practitioner sees in their logs.
+
+# %%
+from preflight.bench import resume as bench_resume
+
+res = ch.measurement("resume", lambda: bench_resume.measure_resume(work / "resume", quick=ch.quick))
+if res:
+    r = res.results
+    print(res.source)
+    print(f"killed after step {r['killed_after_step']}; resumed from the step {r['checkpoint_step']} checkpoint; "
+          f"{r['steps_lost']} steps recomputed; bitwise equal: {r['resume_bitwise']}")
+    ch.table(pd.DataFrame(r["rows"]))
+    cv = pd.DataFrame(r["curves"])
+    if len(cv):
+        cv = cv[cv["abs_diff"] > 0].rename(columns={"abs_diff": "|loss - uninterrupted loss|"})
+        ch.show("resume_divergence", charts.curves(cv, "step", "|loss - uninterrupted loss|", "variant", log_x=False,
+                                                   log_y=True, x_format="d",
+                                                   title=f"Resumed at step {r['checkpoint_step']} with one part left out: "
+                                                         "distance from the uninterrupted run (log)"))
+        print("The full-state resume is not drawn: its distance is exactly 0 at every step.")
+
+# %% [markdown]
+# ## 4. Two-stage, durable checkpoints
+#
+# **Where** a checkpoint goes decides how long training waits. Writing straight to a shared parallel
+# file system stalls every rank for the whole write. The two-stage design (`preflight.ckpt`):
+#
+# 1. copy the state to host memory (a snapshot: the only part training waits for),
+# 2. in a background thread, write it to **fast local disk** (temporary folder, `fsync`, checksum
+#    manifest, atomic `rename`),
+# 3. copy it to the **shared** file system the same way, and only then **publish** it as `latest`
+#    (a crash at any point leaves the previous checkpoint loadable: the tests kill it 50+ times).
+#
+# `torch.distributed.checkpoint` (DCP) offers the same for sharded state: `dcp.async_save`. Below, the
+# stall of each, measured. Loading uses `torch.load(weights_only=True)` (or DCP): a checkpoint is
+# data, and a pickle that tries to run code is refused.
+
+# %%
+from preflight.bench import ckptstall
+
+stall = ch.measurement("ckptstall", lambda: ckptstall.measure_stall(work / "stall", shared_dir=shared, quick=ch.quick))
+if stall:
+    print(stall.source)
+    st = pd.DataFrame(stall.results["rows"])
+    hidden = st["hidden_cost_s"].fillna(0) if "hidden_cost_s" in st else 0.0
+    ch.table(pd.DataFrame({"method": st["method"], "training stall (ms)": (st["stall_s"] * 1e3).round(1),
+                           "durable after (ms)": (st["durable_s"] * 1e3).round(0),
+                           "hidden cost (ms)": (hidden * 1e3).round(0),
+                           "total cost (ms)": ((st["stall_s"] + hidden) * 1e3).round(0)}))
+    cost = pd.concat([pd.DataFrame({"method": st["method"], "part": "stall", "ms": st["stall_s"] * 1e3}),
+                      pd.DataFrame({"method": st["method"], "part": "slower steps while writing", "ms": hidden * 1e3})])
+    ch.show("checkpoint_stall", charts.stacked_bars(cost, "ms", "method", "part",
+                                                    title="Training time lost per checkpoint (ms)"))
+    ch.note("The **stall** is what the training loop waits for; the **hidden cost** is how much slower the steps "
+            "run while the background write competes for the same CPU cores. On this CPU the training itself "
+            "uses the cores the writer needs; on a GPU node the step runs on the GPU and the cores are free, so "
+            "the hidden cost mostly disappears. \"durable after\": until the checkpoint is safe on the shared "
+            "file system (a failure before then falls back to the previous one).")
+
+# %% [markdown]
+# Corruption, live: two checkpoints, then the newest damaged (a flipped byte, as a bad disk or an
+# interrupted copy leaves it). The manifest's sha256 catches it, the loader says why, and falls back to
+# the previous one. A checkpoint whose pickle would run code is refused by `weights_only=True`.
+
+# %%
+import shutil
+import warnings
+
+import torch
+
+from preflight import ckpt
+
+demo = work / "corruption"
+shutil.rmtree(demo, ignore_errors=True)
+for step in (10, 20):
+    ckpt.save({"step": step, "w": torch.full((1000,), float(step))}, demo, step)
+blob = demo / "step-00000020" / "state.pt"
+data = bytearray(blob.read_bytes())
+data[len(data) // 2] ^= 0xFF
+blob.write_bytes(bytes(data))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    step, state, folder = ckpt.load_latest(demo)
+print(f"loaded step {step} from {folder.name}; warnings: {[str(w.message) for w in caught]}")
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo this should never run",))
+
+
+evil = demo / "step-00000030"
+evil.mkdir()
+torch.save({"step": 30, "boom": Payload()}, evil / "state.pt")
+ckpt._manifest(evil, 30, {"state.pt": ckpt.sha256_file(evil / "state.pt")})   # the attacker fixed the manifest too
+try:
+    ckpt.load(evil)
+except ValueError as err:
+    print("refused:", str(err).split(". ")[0] + ".")
+shutil.rmtree(demo, ignore_errors=True)
+
+# %% [markdown]
+# ## 5. Elastic restart: torchrun brings the job back
+#
+# `torchrun --max-restarts=2 --rdzv-backend=c10d` (torch.distributed.elastic) on two processes with
+# DDP. Rank 1 kills itself with SIGKILL mid-run, as a crashed GPU or the OOM killer would; the agent
+# tears down the survivor, runs a new rendezvous and starts both again, and the script resumes from its
+# latest checkpoint. Measured: the **recovery time** (kill → first step trained again) and the
+# **steps lost** (since the last checkpoint). The field case: a node failed, world size 128 → 120,
+# recovery in minutes, the last tens of seconds of data lost. On a cluster, also pass
+# `--nnodes=MIN:MAX` so the job continues on fewer nodes.
+
+# %%
+from preflight.bench import elastic as bench_elastic
+
+ela = ch.measurement("elastic", lambda: bench_elastic.measure_elastic(work / "elastic", quick=ch.quick))
+if ela:
+    e = ela.results
+    print(ela.source)
+    ch.table(pd.DataFrame([{k: e[k] for k in ("restarts", "killed_after_step", "resumed_from", "steps_lost",
+                                              "recovery_s", "time_to_regain_s", "final_loss_equal", "wall_s")}]))
+C.add_measured_findings(ch.findings, res, stall, ela)
+
+# %% [markdown]
+# ## 6. The walltime limit on Slurm: signal, save, requeue
+#
+# A 30-day run does not fit a 48-hour allocation. The scheduler can warn before the limit
+# (`#SBATCH --signal=B:USR1@<seconds>`: to the batch shell); the job script traps it, asks the training
+# to checkpoint and exit cleanly, and requeues itself (`scontrol requeue`); the next allocation resumes
+# from the checkpoint. The trap: **torchrun does not forward SIGUSR1 to its workers**, so the template's
+# trap creates a stop file the training polls every step (it works through srun, torchrun and across
+# nodes). Slurm may signal up to a minute earlier than asked: leave that margin.
+#
+# The template ships with the library (`preflight/slurm/walltime_requeue.sbatch`). The test suite runs
+# it on a real single-node Slurm (slurmctld + slurmd + munge, brought up by the test): the training
+# spans two allocations and ends with the same final loss, bit for bit, as an uninterrupted run.
+
+# %%
+from importlib.resources import files
+
+template = files("preflight") / "slurm" / "walltime_requeue.sbatch"
+text = template.read_text()
+print(f"{template}  ({len(text.splitlines())} lines); its header:\n")
+print("\n".join(line for line in text.splitlines()[:40]))
+
+# %% [markdown]
+# ## Findings of this chapter
+
+# %%
+ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
