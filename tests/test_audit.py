@@ -12,7 +12,9 @@ from preflight.report import external_refs
 
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
            "baseline/fusion_speedup", "baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
-           "baseline/scaling_efficiency_at_target"}
+           "baseline/scaling_efficiency_at_target", "baseline/memory_per_gpu", "baseline/memory_weights",
+           "baseline/memory_grads", "baseline/memory_optimizer", "baseline/memory_activations", "baseline/memory_fits",
+           "baseline/memory_model_error"}
 CH2_IDS = {"data/small_file_slowdown", "data/listing_s_at_profile", "data/headroom", "data/headroom_default",
            "data/best_loader_setting", "data/h2d_pinned_speedup", "data/instrumentation_overhead"}
 CH3_IDS = {"comm/allreduce_bytes_per_rank", "comm/allreduce_s", "comm/comm_compute_ratio", "comm/efficiency_no_overlap",
@@ -80,6 +82,9 @@ def test_plan_only_audit(tmp_path):
     assert f["baseline/amdahl_speedup_at_target"]["value"] == pytest.approx(0.89 / (0.09 + 0.8 / 1024))
     eff = f["baseline/scaling_efficiency_at_target"]
     assert eff["value"] < 0.30 and eff["verdict"] == "fail" and eff["source"] == "computed from profile"
+    # the memory plan: 16 bytes per parameter + activations of 4096-token sequences do not fit 80 GB
+    assert f["baseline/memory_fits"]["verdict"] == "fail" and "ZeRO-1" in f["baseline/memory_fits"]["fix"]
+    assert f["baseline/memory_model_error"]["value"] is None
     # measured findings are present but not measured in plan-only mode
     assert f["baseline/mfu"]["value"] is None and f["baseline/mfu"]["verdict"] == "info"
     # chapter 2 still gives the listing estimate from the profile: 10 M files x 0.5 ms on Lustre
@@ -127,6 +132,7 @@ def test_measure_mode_audit_quick(tmp_path):
         assert f[fid]["value"] is not None and f[fid]["value"] > 0, fid
         assert f[fid]["source"].startswith("measured on"), f[fid]["source"]
     assert "CPU fallback" in f["baseline/throughput"]["source"]
+    assert abs(f["baseline/memory_model_error"]["value"]) < 0.01      # the planner vs saved tensors, bf16
     assert 0 < f["baseline/memory_bound_share"]["value"] < 1
     # on a CPU the datasheet peak is unknown: MFU is left empty, not guessed
     assert f["baseline/mfu"]["value"] is None and "unknown peak" in f["baseline/mfu"]["message"]
@@ -153,7 +159,7 @@ def test_measure_mode_audit_quick(tmp_path):
     assert 0 < f["resilience/async_stall_ratio"]["value"] < 1
     assert 0 < f["resilience/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
-    assert {"ceilings", "baseline", "fusion", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
+    assert {"ceilings", "baseline", "fusion", "memory", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
             "overlap", "padding", "pipeline_bubble", "partition", "resume", "ckptstall", "elastic"} <= recs
     _assert_offline(out)
 
@@ -222,7 +228,7 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
-                "baseline/measured_scaling_efficiency", "data/small_file_slowdown", "data/headroom",
+                "baseline/measured_scaling_efficiency", "baseline/memory_model_error", "data/small_file_slowdown", "data/headroom",
                 "data/headroom_default", "data/instrumentation_overhead", "comm/measured_busbw",
                 "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving", "balance/bucketing_speedup",
                 "balance/measured_bubble", "balance/partition_gain", "resilience/resume_bitwise",

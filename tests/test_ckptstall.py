@@ -1,4 +1,4 @@
-"""Checkpoint stall (``preflight.bench.ckptstall``): quick live run and the JSON CLI."""
+"""Checkpoint stall (``preflight.bench.ckptstall``, helpers in ``ckptstate``): quick live run and the JSON CLI."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.bench import ckptstall
+from preflight.bench import ckptstall, ckptstate
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"method", "description", "stall_s", "stall_p10_s", "stall_p90_s", "stall_steps", "durable_s",
@@ -18,7 +18,7 @@ ROW_KEYS = {"method", "description", "stall_s", "stall_p10_s", "stall_p90_s", "s
 
 
 def test_mlp_is_sized_to_the_state():
-    model, opt, hidden = ckptstall.mlp_for(12.0)
+    model, opt, hidden = ckptstate.mlp_for(12.0)
     params = sum(p.numel() for p in model.parameters())
     assert abs(params * 12 / 1e6 - 12.0) < 0.05
 

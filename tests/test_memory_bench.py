@@ -1,4 +1,5 @@
-"""Live check of the memory planner (preflight.bench.memory) against what torch really holds.
+"""Live check of the memory planner (preflight.bench.memory, on the GPT of preflight.bench.gptref)
+against what torch really holds.
 
 Tolerances. Model states: exact (error 0), the planner and the model count the same parameters
 with the same bytes per parameter. Activations per layer: 0.5 %. The only systematic difference
@@ -17,6 +18,7 @@ import sys
 import pytest
 import torch
 
+from preflight.bench import gptref
 from preflight.bench import memory as mb
 from preflight.models import memory as mm
 from preflight.records import load_records
@@ -47,12 +49,12 @@ def test_model_states_match_exactly(quick):
     det = quick["states_detail"]
     # the one thing left out: AdamW's 0-d fp32 step counters, one per parameter tensor
     assert det["optimizer_state_keys"] == ["exp_avg", "exp_avg_sq", "step"]
-    n_tensors = len(list(mb.make_model(mb.CPU_QUICK, "cpu").parameters()))
+    n_tensors = len(list(gptref.make_model(gptref.CPU_QUICK, "cpu").parameters()))
     assert det["optimizer_step_counters_bytes"] == 4 * n_tensors
 
 
 def test_per_layer_activations_match_formula(quick):
-    a, cfg = quick["activations"], mb.CPU_QUICK
+    a, cfg = quick["activations"], gptref.CPU_QUICK
     s, b, h, heads = cfg.seq_len, cfg.batch, cfg.hidden, cfg.heads
     assert a["per_layer_predicted"] == s * b * h * (34 + 5 * heads * s / h)
     assert len(a["per_layer_measured"]) == cfg.layers
@@ -64,7 +66,7 @@ def test_per_layer_activations_match_formula(quick):
 
 
 def test_breakdown_is_the_papers_list(quick):
-    br, cfg = quick["activations"]["breakdown"], mb.CPU_QUICK
+    br, cfg = quick["activations"]["breakdown"], gptref.CPU_QUICK
     s, b, h, heads = cfg.seq_len, cfg.batch, cfg.hidden, cfg.heads
     assert sum(t["bytes"] for t in br) == quick["activations"]["per_layer_measured"][0]
     ops = [op.split(".")[0] for t in br for op in t["ops"]]
@@ -80,7 +82,7 @@ def test_breakdown_is_the_papers_list(quick):
 
 
 def test_embedding_and_output(quick):
-    o, cfg = quick["activations"]["other_measured"], mb.CPU_QUICK
+    o, cfg = quick["activations"]["other_measured"], gptref.CPU_QUICK
     s, b, h, v = cfg.seq_len, cfg.batch, cfg.hidden, cfg.vocab
     assert o["predicted"] == s * b * h + 4 * s * b * h + 4 * s * b * v
     assert 0 <= o["error"] <= 0.01
@@ -89,7 +91,7 @@ def test_embedding_and_output(quick):
 
 
 def test_recompute_checks(quick):
-    rc, cfg = quick["recompute"], mb.CPU_QUICK
+    rc, cfg = quick["recompute"], gptref.CPU_QUICK
     sbh = cfg.seq_len * cfg.batch * cfg.hidden
     full = rc["full"]
     assert full["per_layer_predicted"] == 2 * sbh and full["per_layer_measured"] == [2 * sbh] * cfg.layers
@@ -112,7 +114,7 @@ def test_cpu_f_dropout_would_keep_a_dtype_sized_mask():
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         torch.nn.functional.dropout(x, 0.1, True)
-        mb.dropout(x, 0.1, True)
+        gptref.dropout(x, 0.1, True)
     assert [t.dtype for t in saved] == [torch.bfloat16, torch.bool]
 
 

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as F
 
 HOUR, DAY = 3600.0, 86400.0
@@ -88,8 +89,8 @@ def test_waste_limits():
     assert F.daly_waste(3600, 60, 300, 1e15) == pytest.approx(60 / 3660, rel=1e-6)
     assert F.first_order_waste(3600, 60, 300, math.inf) == pytest.approx(60 / 3600)
     assert F.daly_waste(1e6, 60, 300, 3600) == 1.0                         # e^277: no overflow, no NaN
-    assert F.simulate_waste(3600, 60, 300, math.inf)["waste"] == pytest.approx(60 / 3660)
-    assert F.simulate_waste(1e6, 60, 300, 3600)["waste"] == 1.0
+    assert S.simulate_waste(3600, 60, 300, math.inf)["waste"] == pytest.approx(60 / 3660)
+    assert S.simulate_waste(1e6, 60, 300, 3600)["waste"] == 1.0
     # small C/M: first order and the exact model agree to a fraction of a point
     assert abs(F.first_order_waste(3220, 60, 0, DAY) - F.daly_waste(3220, 60, 0, DAY)) < 2e-3
 
@@ -108,7 +109,7 @@ CASES = [  # tau, C, R, M
 
 @pytest.mark.parametrize("tau,C,R,M", CASES)
 def test_simulation_agrees_with_daly_model(tau, C, R, M):
-    sim = F.simulate_waste(tau, C, R, M, segments=20000, seed=1)
+    sim = S.simulate_waste(tau, C, R, M, segments=20000, seed=1)
     model = F.daly_waste(tau, C, R, M)
     assert abs(sim["waste"] - model) <= max(3 * sim["se"], 0.05 * model)
     assert abs(sim["waste"] - model) <= 3 * sim["se"] + 1e-4
@@ -119,7 +120,7 @@ def test_simulation_agrees_with_daly_model(tau, C, R, M):
 
 def test_first_order_is_visibly_off_at_c_over_m_of_a_fifth():
     tau, C, R, M = F.young_interval(720, HOUR), 720, 0, HOUR
-    sim = F.simulate_waste(tau, C, R, M, segments=20000, seed=2)
+    sim = S.simulate_waste(tau, C, R, M, segments=20000, seed=2)
     fo = F.first_order_waste(tau, C, R, M)
     assert sim["waste"] == pytest.approx(0.513, abs=0.006)
     assert fo == pytest.approx(0.7325, abs=1e-3)
@@ -128,39 +129,39 @@ def test_first_order_is_visibly_off_at_c_over_m_of_a_fifth():
 
 
 def test_simulation_is_deterministic_and_fast():
-    a = F.simulate_waste(1800, 600, 600, 7200, seed=3)
-    assert a == F.simulate_waste(1800, 600, 600, 7200, seed=3)
-    assert a != F.simulate_waste(1800, 600, 600, 7200, seed=4)
+    a = S.simulate_waste(1800, 600, 600, 7200, seed=3)
+    assert a == S.simulate_waste(1800, 600, 600, 7200, seed=3)
+    assert a != S.simulate_waste(1800, 600, 600, 7200, seed=4)
     t0 = time.perf_counter()
-    curve = F.waste_curve(720, 720, HOUR, segments=20000)
+    curve = S.waste_curve(720, 720, HOUR, segments=20000)
     assert time.perf_counter() - t0 < 1.0                     # ~30 intervals x 20k segments
     assert len(curve) >= 30
 
 
 @pytest.mark.parametrize("C,R,M", [(60, 300, DAY), (720, 720, HOUR), (60, 300, 1875 * HOUR)])
 def test_waste_curve_minimum_near_daly(C, R, M):
-    curve = F.waste_curve(C, R, M)
+    curve = S.waste_curve(C, R, M)
     assert list(curve.columns[:6]) == ["interval_s", "daly", "first_order", "simulated", "simulated_lo",
                                        "simulated_hi"]
     young, daly = F.young_interval(C, M), F.daly_interval(C, M)
     assert {young, daly} <= set(curve["interval_s"])
     assert curve["interval_s"].is_monotonic_increasing
-    lo, hi, best = F.optimal_range_simulated(curve)
-    assert lo <= best <= hi and F.optimal_interval_simulated(curve) == best
+    lo, hi, best = S.optimal_range_simulated(curve)
+    assert lo <= best <= hi and S.optimal_interval_simulated(curve) == best
     argmin = curve["interval_s"].iloc[int(curve["simulated"].argmin())]
     assert lo <= argmin <= hi and lo <= daly <= hi             # the model's optimum is in the flat range
     assert daly / 1.5 < best < daly * 1.5
-    at_daly = F.simulate_waste(daly, C, R, M)                  # same draws as the curve: the same value
+    at_daly = S.simulate_waste(daly, C, R, M)                  # same draws as the curve: the same value
     assert at_daly["waste"] == curve.loc[curve["interval_s"] == daly, "simulated"].iloc[0]
-    at_best = F.simulate_waste(best, C, R, M)
+    at_best = S.simulate_waste(best, C, R, M)
     assert abs(at_best["waste"] - at_daly["waste"]) <= 2 * at_daly["se"]
     assert np.all(np.abs(curve["simulated"] - curve["daly"]) <= 4 * curve["simulated_se"] + 1e-4)
 
 
 def test_simulated_range_is_flat_at_small_c_over_m_and_narrow_when_it_is_not():
-    lo, hi, _ = F.optimal_range_simulated(F.waste_curve(60, 300, 1875 * HOUR))
+    lo, hi, _ = S.optimal_range_simulated(S.waste_curve(60, 300, 1875 * HOUR))
     assert hi / lo > 3                                         # 4-20 h: all within the simulation's error
-    lo, hi, best = F.optimal_range_simulated(F.waste_curve(720, 720, HOUR))
+    lo, hi, best = S.optimal_range_simulated(S.waste_curve(720, 720, HOUR))
     assert hi / lo < 2 and lo < F.daly_interval(720, HOUR) < hi
 
 
@@ -168,14 +169,14 @@ def test_simulated_range_is_flat_at_small_c_over_m_and_narrow_when_it_is_not():
 def test_common_random_numbers_make_the_simulated_curve_smooth(C, R, M):
     """One set of draws for every interval: neighbouring points share their noise, so the curve's error
     against the model changes little from point to point (independent draws: about one se a step)."""
-    curve = F.waste_curve(C, R, M, segments=5000)
+    curve = S.waste_curve(C, R, M, segments=5000)
     err = (curve["simulated"] - curve["daly"]).to_numpy()
     assert np.mean(np.abs(np.diff(err))) < 0.5 * curve["simulated_se"].mean()
-    d = F._draws(5000, 0)
+    d = S._draws(5000, 0)
     with pytest.raises(ValueError):                            # the shared draws are read-only
         d.col("u_work")[0] = 0.5
     # a column is the same whichever others were drawn first, and independent of the parameters
-    assert np.array_equal(F._Draws(5000, 0).col("v_work", 3), d.col("v_work", 3))
+    assert np.array_equal(S._Draws(5000, 0).col("v_work", 3), d.col("v_work", 3))
     assert not np.array_equal(d.col("v_work", 2), d.col("v_work", 3))
 
 
@@ -185,7 +186,7 @@ SLIDER_C = [55, 60, 65]        # the C slider's round values around the example'
 def test_simulated_optimum_is_stable_to_small_changes_of_c():
     M = 1875 * HOUR
     for segments in (5000, 20000):
-        bests = [F.optimal_range_simulated(F.waste_curve(C, 300, M, segments=segments))[2]
+        bests = [S.optimal_range_simulated(S.waste_curve(C, 300, M, segments=segments))[2]
                  for C in [*SLIDER_C, 58.6, 61.4, 62.8]]     # the browser check's 60 -> 61.4 -> 62.8 too
         for a, b in zip(bests, bests[1:]):
             assert abs(b / a - 1) < 0.2, bests
@@ -208,11 +209,11 @@ def test_walltime_fit():
     (lambda: F.daly_waste(0, 60, 0, 3600), "tau"),
     (lambda: F.daly_waste(100, 60, -1, 3600), "R"),
     (lambda: F.first_order_waste(100, 60, 0, -5), "M"),
-    (lambda: F.simulate_waste(-5, 60, 0, 3600), "tau"),
-    (lambda: F.simulate_waste(5, 60, 0, 3600, segments=1), "segments"),
+    (lambda: S.simulate_waste(-5, 60, 0, 3600), "tau"),
+    (lambda: S.simulate_waste(5, 60, 0, 3600, segments=1), "segments"),
     (lambda: F.mtbf_from_interruptions(10, 0), "days"),
     (lambda: F.walltime_fit(3600, 0), "walltime_h"),
-    (lambda: F.waste_curve(0, 0, 3600), "waste_curve"),
+    (lambda: S.waste_curve(0, 0, 3600), "waste_curve"),
 ])
 def test_input_validation_names_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
@@ -257,7 +258,7 @@ def _near(slider, value):
 def test_charts_render():
     from preflight import charts
 
-    curve = F.waste_curve(60, 300, DAY, segments=2000)
+    curve = S.waste_curve(60, 300, DAY, segments=2000)
     svg = charts.to_svg(charts.waste_curve_chart(curve, {"Young": 3220, "plan": 1800}, "t"))
     assert svg.startswith("<svg") and "Young" in svg and "plan" in svg and "30 min" in svg
     assert "simulated optimum" in svg                          # the shaded range, not a rule
@@ -268,8 +269,8 @@ def test_charts_render():
 def test_waste_chart_shades_the_range_and_marks_the_walltime():
     from preflight import charts
 
-    curve = F.waste_curve(60, 300, 1875 * HOUR)
-    lo, hi, _ = F.optimal_range_simulated(curve)
+    curve = S.waste_curve(60, 300, 1875 * HOUR)
+    lo, hi, _ = S.optimal_range_simulated(curve)
     spec = charts.waste_curve_chart(curve, {"Young": 28460}, sim_range=(lo, hi), walltime_s=48 * HOUR).to_dict()
     rects = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rect"]
     assert len(rects) == 1
@@ -283,7 +284,7 @@ def test_waste_chart_shades_the_range_and_marks_the_walltime():
 def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
     from preflight import charts
 
-    curve = F.waste_curve(60, 300, 1875 * HOUR)
+    curve = S.waste_curve(60, 300, 1875 * HOUR)
     plan = 1800.0                                              # 30 min: 3.4 %, inside the default 5 %
     w_plan = F.daly_waste(plan, 60, 300, 1875 * HOUR)
     spec = charts.waste_curve_chart(curve, {"plan": plan}).to_dict()
@@ -295,9 +296,9 @@ def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
               if "scale" in layer.get("encoding", {}).get("y", {}))
     assert F.daly_waste(120.0, 60, 300, 1875 * HOUR) < top <= 1.0 and w_plan < top
     assert all(layer["mark"].get("clip") for layer in spec["layer"])       # error bars and marks clipped
-    stuck = F.waste_curve(3530, 300, 0.101 * HOUR)
+    stuck = S.waste_curve(3530, 300, 0.101 * HOUR)
     spec = charts.waste_curve_chart(stuck, {"Young": F.young_interval(3530, 0.101 * HOUR)}, sim_range=None).to_dict()
-    lines = [d for name, rows in spec["datasets"].items() for d in rows if "series" in d and "first order" in d["series"]]
+    lines = [d for rows in spec["datasets"].values() for d in rows if "first order" in d.get("series", "")]
     assert lines and max(d["waste"] for d in lines) == 1.0 and "invalid" in lines[0]["series"]
     top = max(layer["encoding"]["y"]["scale"]["domain"][1] for layer in spec["layer"]
               if "scale" in layer.get("encoding", {}).get("y", {}))
@@ -319,7 +320,7 @@ def test_failure_chart_keeps_each_series_colour():
 
 
 def test_failure_explorer_follows_sliders():
-    from preflight import widgets as Wd
+    from preflight.widgets import resilience as Wd
     from preflight.widgets import failure_explorer
 
     box = failure_explorer(1e-4, 1000, 30)
@@ -376,7 +377,7 @@ def test_failure_explorer_tiny_and_huge_values_read_naturally():
 
 
 def test_interval_explorer_follows_sliders():
-    from preflight import widgets as Wd
+    from preflight.widgets import resilience as Wd
     from preflight.widgets import interval_explorer
 
     box = interval_explorer(60, 300, 24, plan_interval_s=1800)
@@ -396,10 +397,10 @@ def test_interval_explorer_follows_sliders():
     r = _readout(box)
     assert r["young_s"].endswith(f"({F.young_interval(C, M):,.0f} s)")
     assert r["daly_s"].endswith(f"({F.daly_interval(C, M):,.0f} s)")
-    curve = F.waste_curve(C, R, M, segments=20000, seed=0)
-    lo, hi, best = F.optimal_range_simulated(curve)
+    curve = S.waste_curve(C, R, M, segments=20000, seed=0)
+    lo, hi, best = S.optimal_range_simulated(curve)
     assert _seconds(r["sim_opt_s"]) == pytest.approx(best, abs=0.5)
-    assert best == F.optimal_interval_simulated(curve)        # the notebook's table: the same number
+    assert best == S.optimal_interval_simulated(curve)        # the notebook's table: the same number
     error = F.first_order_waste(F.young_interval(C, M), C, R, M) - F.daly_waste(F.young_interval(C, M), C, R, M)
     assert r["first_order_error"] == f"{100 * error:+.3g} points"
     assert C == 700 and error > 0.2                            # C/M = 0.2: first order is far off
@@ -492,7 +493,7 @@ def test_interval_explorer_sliders_read_naturally_and_start_exactly():
 
 
 def test_readable_numbers():
-    from preflight import widgets as Wd
+    from preflight.widgets import resilience as Wd
 
     assert [Wd._duration(s) for s in (45, 3220, 28460, 48 * 3600, 6.75e6, 8.6e10)] == [
         "45 s", "53.7 min", "7.91 h", "48 h", "78.1 d", "2,725 years"]
@@ -507,12 +508,12 @@ def test_readable_numbers():
 def test_rare_failures_leave_the_simulation_blind_and_the_readout_says_so():
     from preflight.widgets import interval_explorer
 
-    curve = F.waste_curve(60, 300, 1875 * HOUR)
-    assert F.simulation_resolves_optimum(curve)               # ~80 failures drawn near the optimum
+    curve = S.waste_curve(60, 300, 1875 * HOUR)
+    assert S.simulation_resolves_optimum(curve)               # ~80 failures drawn near the optimum
     assert "simulated_failures" in curve and curve.attrs["M"] == 1875 * HOUR
-    rare = F.waste_curve(60, 300, 187_500 * HOUR)              # an MTBF of 21 years: < 1 failure drawn
-    assert not F.simulation_resolves_optimum(rare)
-    assert math.isfinite(F.optimal_interval_simulated(rare))  # still a number for callers that need one
+    rare = S.waste_curve(60, 300, 187_500 * HOUR)              # an MTBF of 21 years: < 1 failure drawn
+    assert not S.simulation_resolves_optimum(rare)
+    assert math.isfinite(S.optimal_interval_simulated(rare))  # still a number for callers that need one
     r = _readout(interval_explorer(60, 300, 187_500))
     assert r["sim_opt_s"] == "— (too few simulated failures)" and "too rare" in r["sim_range"]
     assert r["young_s"] == f"{F.young_interval(60, 187_500 * HOUR) / 86400:.3g} d (284,605 s)"

@@ -172,11 +172,11 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
                       walltime_s: float | None = None) -> alt.LayerChart:
     """Waste over the checkpoint interval (log axis, labelled in s / min / h / d / years): Daly's model
     and the first-order formula as lines, the simulation as points with 95 % bars
-    (``resilience.waste_curve``), and a labelled vertical rule plus a point on Daly's curve per entry of
+    (``checkpoint_sim.waste_curve``), and a labelled vertical rule plus a point on Daly's curve per entry of
     ``marks`` (``{label: interval in seconds}``, e.g. Young, Daly, the plan's interval).
 
     ``sim_range``: a shaded band over the intervals whose simulated waste cannot be told from the
-    minimum (``True``: ``resilience.optimal_range_simulated(curve)``; ``(lo, hi)`` in seconds: that
+    minimum (``True``: ``checkpoint_sim.optimal_range_simulated(curve)``; ``(lo, hi)`` in seconds: that
     band; ``None``/``False``: none); the band replaces a rule at the noisy lowest point.
     ``walltime_s``: a solid red rule "walltime" (intervals beyond it end with the allocation).
 
@@ -188,7 +188,8 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
     100 % and the legend says it is invalid there."""
     import numpy as np
 
-    from preflight.models.resilience import daly_waste, optimal_range_simulated
+    from preflight.models.checkpoint_sim import optimal_range_simulated
+    from preflight.models.resilience import daly_waste
 
     d = curve.sort_values("interval_s").assign(hours=lambda f: f["interval_s"] / 3600.0)
     invalid = bool((d["first_order"] > 1).any())
@@ -297,3 +298,24 @@ def failure_prob_chart(p_node_day: float, nodes: int, days_max: int) -> alt.Laye
     n = int(nodes)
     return alt.layer(line, half).properties(width=420, height=220,
                                             title=f"Failure risk on {n:,} node{'' if n == 1 else 's'}")
+
+
+def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None, title: str = "") -> alt.LayerChart:
+    """One horizontal bar of per-GPU memory stacked by term (GiB), the GPU's memory as a rule."""
+    gib = 2 ** 30
+    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"], "GiB": terms["bytes"] / gib})
+          if terms is not None else pd.DataFrame({"plan": ["per GPU"], "term": ["(no valid plan)"], "GiB": [0.0]}))
+    top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / gib) * 1.05 or 1.0
+    bars = alt.Chart(df).mark_bar().encode(
+        y=alt.Y("plan:N", title=None), x=alt.X("sum(GiB):Q", title="GiB", scale=alt.Scale(domain=[0, top])),
+        color=alt.Color("term:N", title=None, sort=None, scale=alt.Scale(
+            domain=["weights", "gradients", "optimizer", "activations", "activations_output", "framework"])),
+        order=alt.Order("order:Q"), tooltip=["term", alt.Tooltip("GiB:Q", format=".2f")]
+    ).transform_calculate(order="indexof(['weights','gradients','optimizer','activations','activations_output',"
+                                "'framework'], datum.term)")
+    layers = [bars]
+    if capacity_bytes:
+        cap = pd.DataFrame({"GiB": [capacity_bytes / gib], "label": [f"GPU memory {capacity_bytes / gib:,.0f} GiB"]})
+        layers += [alt.Chart(cap).mark_rule(color="#b71c1c", strokeWidth=2).encode(x="GiB:Q"),
+                   alt.Chart(cap).mark_text(align="left", dx=4, dy=-22, color="#b71c1c").encode(x="GiB:Q", text="label:N")]
+    return alt.layer(*layers).properties(width=480, height=60, title=title)

@@ -225,6 +225,71 @@ ch.table(curve)
 ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve["efficiency_measured"].notna()]))
 
 # %% [markdown]
+# ## 7. Memory per GPU: will the plan fit?
+#
+# The first thing that breaks when a plan meets the cluster is memory: an out-of-memory error at the
+# first step, or a plan that only fits with a pipeline depth that wrecks throughput. Per GPU, training
+# holds (`preflight.models.memory`, sources in its docstring):
+#
+# - **model states**: mixed-precision Adam keeps 2 bytes of weights, 2 of gradients and 12 of optimizer
+#   state (fp32 master copy, momentum, variance) per parameter: **16 bytes per parameter**, 112 GB for
+#   7B before anything else. Tensor and pipeline parallelism divide the parameters by tp·pp; ZeRO shards
+#   the optimizer state (stage 1), the gradients (2) and the weights (3) over the data-parallel ranks
+#   (Rajbhandari et al. 2020);
+# - **activations** kept for the backward pass: per layer **s·b·h·(34 + 5·a·s/h)** bytes (Korthikanti et
+#   al. 2022), times the micro-batches a pipeline stage holds in flight; the 5·a·s/h term is the s²
+#   attention scores, which selective recompute (or FlashAttention) removes, and sequence parallelism
+#   splits the rest over tp;
+# - a stated **allowance** for the framework (CUDA context, workspaces, allocator fragmentation).
+#
+# The verdict compares the sum with the GPU's memory; when it does not fit, the cheapest change that
+# does (ordered by what each costs in throughput) is the fix.
+
+# %%
+from preflight.chapters import memory_plan as MP
+
+mem = MP.add_plan_findings(ch.findings, prof, ch.device if prof.cluster.gpu == "auto" else None)
+if mem["terms"] is not None:
+    mt = mem["terms"]
+    ch.table(pd.DataFrame({"term": mt["term"], "GiB": mt["GiB"].round(2), "formula": mt["formula"],
+                           "source": mt["source"]}))
+    ch.show("memory_terms", charts.memory_bars(mt, mem["capacity"], title="Memory per GPU of the plan"))
+    if mem["cheapest"] is not None and mem["capacity"] and mt["bytes"].sum() > mem["capacity"]:
+        cf = mem["cheapest"]
+        print("Changes in order of their cost in throughput (cheapest first); the first that fits is the fix:")
+        ch.table(cf[cf["order"] <= 12][["order", "change", "GiB", "fits", "cost"]])
+
+# %%
+if interactive and mem["plan"] is not None:
+    from IPython.display import display
+
+    from preflight.widgets import memory_explorer
+    display(memory_explorer(mem["plan"], mem["capacity"], prof.cluster.gpus_per_node, prof.gpus))
+
+# %% [markdown]
+# ### The planner against a measurement on this machine
+#
+# The formulas are only worth their accuracy. A small GPT model with exactly the layer structure the
+# paper assumes (LayerNorm, one QKV projection, explicit attention with dropout on the probabilities,
+# a 4h GeLU MLP) trains one step: the **model states** are summed tensor by tensor after an AdamW step
+# (exact), and the **activations** are every tensor autograd saves for the backward pass, counted by a
+# saved-tensor hook in 16-bit as the paper counts them. On a GPU the whole step's measured peak
+# (`torch.cuda.max_memory_allocated`) is compared with the plan too.
+
+# %%
+from preflight.bench import memory as bench_memory
+
+memm = ch.measurement("memory", lambda: bench_memory.measure_memory(ch.torch_device, quick=ch.quick))
+if memm:
+    r = memm.results
+    print(memm.source, "-", ", ".join(f"{k}={v}" for k, v in r["config"].items() if isinstance(v, (int, float, str))))
+    ch.table(pd.DataFrame(r["states"]))
+    a = r["activations"]
+    print(f"activations per layer: measured {max(a['per_layer_measured']):,} bytes, planned {a['per_layer_predicted']:,.0f} "
+          f"bytes ({a['error']:+.2%})")
+MP.add_validation_finding(ch.findings, memm)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

@@ -111,6 +111,29 @@ else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
 # %% [markdown]
+# ### The memory side of the trade-off
+#
+# More micro-batches shrink the bubble, but what a stage must hold grows with them: GPipe runs all m
+# forwards before any backward, so the first stage keeps the activations of **m** micro-batches; 1F1B
+# starts backwards as soon as it can and keeps at most **p**; interleaving keeps a little more than p
+# (Korthikanti et al. 2022). Below, for the profile's model at pipeline depth p, the bubble and the
+# memory of the fullest stage from the same planner as chapter 1 (`preflight.models.memory`): only 1F1B
+# lets m grow, and with it the bubble shrink, at constant memory.
+
+# %%
+from preflight.chapters import memory_plan as MP
+
+mp = gp if t.pp > 1 else 4
+bm = MP.bubble_memory_table(prof, mp)
+if len(bm):
+    ch.table(bm.assign(bubble=bm["bubble"].map("{:.1%}".format)).round(2))
+    ch.show("bubble_memory", charts.curves(bm, "m", "activations (GiB)", "schedule", log_x=True, log_y=False,
+                                           x_format="~g", title=f"Activation memory of the fullest stage, p={mp} "
+                                           f"({prof.model.params / 1e9:g}B model, micro-batch {t.micro_batch_size})"))
+else:
+    print(f"the planner cannot split {prof.model.layers} layers into {mp} stages")
+
+# %% [markdown]
 # ## 3. The bubble measured on a real pipeline
 #
 # `torch.distributed.pipelining` (PipelineStage + ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B)

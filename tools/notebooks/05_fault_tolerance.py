@@ -42,6 +42,7 @@ import pandas as pd
 from preflight import REPO, charts
 from preflight.chapter import start
 from preflight.chapters import fault_tolerance as C
+from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as R
 
 ch = start("fault_tolerance", profile_path, findings_path or None, plan_only, results_dir or None,
@@ -102,27 +103,39 @@ else:
 
 # %%
 m_s = p5["mtbf_h"] * 3600
+C_s, R_s = t.checkpoint_write_s, t.restart_s
 if m_s == float("inf"):
     print("node_failure_per_day = 0: no failures, so no optimal interval; the checkpoint exists for the walltime.")
 else:
-    curve = R.waste_curve(t.checkpoint_write_s, t.restart_s, m_s, segments=4000 if ch.quick else 20000)
-    marks = {"Young": p5["young_s"], "Daly": p5["daly_s"], "simulated optimum": R.optimal_interval_simulated(curve)}
+    print(R.regime(C_s, R_s, m_s)[1])
+    curve = S.waste_curve(C_s, R_s, m_s, segments=20000)
+    lo, hi, best = S.optimal_range_simulated(curve)
+    resolved = S.simulation_resolves_optimum(curve)
+    marks = {"Young": R.young_interval(C_s, m_s), "Daly": R.daly_interval(C_s, m_s)}
+    if resolved:
+        marks["simulated optimum"] = best
     if t.checkpoint_interval_s:
         marks["plan"] = t.checkpoint_interval_s
-    ch.show("waste_curve", charts.waste_curve_chart(curve, marks, title=f"Expected waste, C={t.checkpoint_write_s:g} s, "
-                                                    f"R={t.restart_s:g} s, MTBF={p5['mtbf_h']:,.0f} h"))
-    at = pd.DataFrame([{"interval": k, "seconds": v, "Daly waste": R.daly_waste(v, t.checkpoint_write_s, t.restart_s, m_s),
-                        "first-order waste": R.first_order_waste(v, t.checkpoint_write_s, t.restart_s, m_s),
-                        **{f"simulated {k2}": v2 for k2, v2 in R.simulate_waste(v, t.checkpoint_write_s, t.restart_s, m_s,
-                                                                               segments=4000 if ch.quick else 20000).items()
-                           if k2 in ("waste", "se")}} for k, v in marks.items()])
-    ch.table(at)
+    ch.show("waste_curve", charts.waste_curve_chart(curve, marks, walltime_s=c.walltime_h * 3600,
+                                                    title=f"Expected waste: C {C_s:g} s, R {R_s:g} s, "
+                                                          f"MTBF {p5['mtbf_h']:,.0f} h"))
+    rows = []
+    for name, tau in marks.items():
+        sim = S.simulate_waste(tau, C_s, R_s, m_s, segments=20000)
+        rows.append({"interval": name, "length": C.duration(tau), "Daly's model": f"{R.daly_waste(tau, C_s, R_s, m_s):.3%}",
+                     "first order": f"{R.first_order_waste(tau, C_s, R_s, m_s):.3%}",
+                     "simulated (95 % CI)": f"{sim['waste']:.3%} ({sim['lo']:.3%} - {sim['hi']:.3%})"})
+    ch.table(pd.DataFrame(rows))
+    print((f"The simulation cannot tell intervals from {C.duration(lo)} to {C.duration(hi)} apart: the minimum is flat, "
+           "so any interval in that range is as good." if resolved else
+           "The simulation drew too few failures near the optimum to locate it (failures are rare at this MTBF); "
+           "Daly's model is exact for this process."))
 
 # %%
 if interactive:
     from preflight.widgets import interval_explorer
     display(interval_explorer(t.checkpoint_write_s, t.restart_s, p5["mtbf_h"] if m_s != float("inf") else 1e5,
-                              t.checkpoint_interval_s))
+                              t.checkpoint_interval_s, walltime_h=c.walltime_h))
 
 # %% [markdown]
 # ## 3. Full-state checkpoint, SIGKILL, bitwise resume

@@ -39,6 +39,9 @@ what remains. Here the "local" and "shared" folders are usually on the same disk
 (``config["same_filesystem"]``): the two-stage copy then doubles the I/O instead of moving it to
 faster storage, and ``durable_s`` of the two-stage save is longer than the synchronous one.
 
+This module is the protocol and the statistics; the trained state, the four save methods and the
+timing of a single save are in ``preflight.bench.ckptstate``.
+
     measure_stall(workdir, shared_dir=..., quick=True)     # JSON-ready dict
     python -m preflight.bench.ckptstall --json [--quick] [--size-mb S] [--workdir D] [--shared-dir D]
     python -m preflight.bench.ckptstall --out DIR            # a versioned record (method "ckptstall")
@@ -46,7 +49,6 @@ faster storage, and ``durable_s`` of the two-stage save is longer than the synch
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -54,169 +56,21 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
-import warnings
 from pathlib import Path
 
+from preflight.bench.ckptstate import (ASYNC, BATCH, DESCRIPTIONS, DIN, METHODS, Methods, Trainer, mlp_for,
+                                       one_checkpoint, quiet_dcp, state_bytes)
+
+__all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "METHOD_VERSION", "QUICK_MB", "main",
+           "measure_stall", "mlp_for", "state_bytes", "summary"]
+
 METHOD, METHOD_VERSION = "ckptstall", 1
-METHODS = ("sync ckpt.save", "async two-stage", "DCP save", "DCP async_save")
-DESCRIPTIONS = {
-    "sync ckpt.save": "torch.save + fsync + manifest + rename + publish to shared, in the training thread",
-    "async two-stage": "snapshot to host memory; background: local durable write, copy to shared, publish",
-    "DCP save": "torch.distributed.checkpoint.save to shared, in the training thread",
-    "DCP async_save": "torch.distributed.checkpoint.async_save (thread): stage to CPU, write in a thread",
-}
-ASYNC = {"async two-stage": "sync ckpt.save", "DCP async_save": "DCP save"}     # async -> its sync pair
 QUICK_MB, FULL_MB = 20.0, 200.0
-DIN, BATCH = 512, 64
 BASELINE_STEPS = 5           # plain training steps timed per round
-MAX_INFLIGHT_S = 60.0        # keep training at most this long while a background save runs
-
-
-def mlp_for(size_mb: float, din: int = DIN):
-    """A ``din -> hidden -> din`` MLP whose parameters plus AdamW's two moments take ``size_mb`` MB
-    (fp32: 12 bytes per parameter); returns ``(model, optimizer, hidden)``."""
-    import torch
-    from torch import nn
-
-    params = size_mb * 1e6 / 12
-    hidden = max(8, round((params - din) / (2 * din + 1)))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(din, hidden), nn.GELU(), nn.Linear(hidden, din))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), hidden
-
-
-def state_bytes(state) -> int:
-    """Bytes of every tensor in a nested state."""
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    return 0
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _median(xs):
     return statistics.median(xs) if xs else None
-
-
-class _Trainer:
-    """The training loop being checkpointed: fixed data, one AdamW step per call."""
-
-    def __init__(self, size_mb: float):
-        import torch
-
-        self.model, self.opt, self.hidden = mlp_for(size_mb)
-        gen = torch.Generator().manual_seed(1)
-        self.x = torch.randn(BATCH, DIN, generator=gen)
-        self.y = torch.randn(BATCH, DIN, generator=gen)
-        self.step_no = 0
-        self.step()                      # AdamW allocates its moments on the first step
-
-    def step(self) -> float:
-        import torch
-
-        t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        torch.nn.functional.mse_loss(self.model(self.x), self.y).backward()
-        self.opt.step()
-        self.step_no += 1
-        return time.perf_counter() - t0
-
-    def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optim": self.opt.state_dict(), "step": self.step_no}
-
-
-class _Methods:
-    """Start one checkpoint of a method: ``start(name, t0)`` returns ``(done, finish)``: ``done()`` is
-    True once the checkpoint is durable, ``finish()`` waits for it (re-raising a failure) and returns
-    the seconds from ``t0`` (the call) to durable."""
-
-    def __init__(self, trainer: _Trainer, local: Path, shared: Path):
-        from preflight import ckpt
-
-        self.trainer, self.local, self.shared = trainer, local, shared
-        self.two_stage = ckpt.TwoStageCheckpointer(local / "two_stage", shared / "two_stage", keep=2)
-        self.file_bytes: dict[str, int] = {}
-
-    def start(self, name: str, t0: float):
-        import torch.distributed.checkpoint as dcp
-
-        from preflight import ckpt
-
-        state, step = self.trainer.state(), self.trainer.step_no
-        if name == "sync ckpt.save":
-            folder = ckpt.save(state, self.shared / "sync", step, keep=2)
-            durable = time.perf_counter() - t0
-            self.file_bytes[name] = _folder_bytes(folder)
-            return (lambda: True), (lambda: durable)
-        if name == "async two-stage":
-            cp = self.two_stage
-            cp.save(state, step)
-            returned = time.perf_counter() - t0
-
-            def finish():
-                cp.wait()
-                self.file_bytes[name] = _folder_bytes(self.shared / "two_stage" / ckpt.step_name(step))
-                # last_durable_s runs from the start of the background write (after the snapshot)
-                return returned + cp.last_durable_s
-            # the checkpointer has no public "in flight" flag: its background thread is it
-            return (lambda: not cp.in_flight), finish
-        target = self.shared / name.replace(" ", "_").replace(".", "_") / f"step-{step:08d}"
-        if name == "DCP save":
-            dcp.save(state, checkpoint_id=target, no_dist=True)
-            durable = time.perf_counter() - t0
-
-            def finish_sync():
-                self._dcp_done(name, target)          # bookkeeping, not timed
-                return durable
-
-            return (lambda: True), finish_sync
-        fut = dcp.async_save(state, checkpoint_id=target, no_dist=True)
-        done_at: list[float] = []
-        fut.add_done_callback(lambda _f: done_at.append(time.perf_counter()))
-
-        def finish():
-            fut.result()
-            self._dcp_done(name, target)
-            return (done_at[0] if done_at else time.perf_counter()) - t0
-
-        return fut.done, finish
-
-    def _dcp_done(self, name: str, target: Path) -> None:
-        """Record the size on disk and remove the older DCP checkpoints (outside the timed part;
-        ``ckpt.save`` prunes inside it, as a training loop calling it would)."""
-        self.file_bytes[name] = _folder_bytes(target)
-        for old in target.parent.iterdir():
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _quiet_dcp():
-    """DCP warns on every call without a process group that it assumes a single process: we know."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        yield
-
-
-def _one_checkpoint(methods: _Methods, name: str, trainer: _Trainer) -> dict:
-    t0 = time.perf_counter()
-    done, finish = methods.start(name, t0)
-    stall = time.perf_counter() - t0
-    inflight: list[float] = []
-    while not done() and time.perf_counter() - t0 < MAX_INFLIGHT_S:
-        inflight.append(trainer.step())
-    t1 = time.perf_counter()
-    durable = finish()
-    return {"stall_s": stall, "durable_s": durable, "inflight": inflight, "drain_s": time.perf_counter() - t1}
 
 
 def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str | os.PathLike | None = None,
@@ -249,7 +103,7 @@ def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str |
     local = Path(tempfile.mkdtemp(prefix="ckptstall-local-", dir=base))
     shared = Path(tempfile.mkdtemp(prefix="ckptstall-shared-", dir=shared_base))
     try:
-        with _quiet_dcp():
+        with quiet_dcp():
             return _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared)
     finally:
         shutil.rmtree(local, ignore_errors=True)
@@ -261,8 +115,8 @@ def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str |
 def _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared) -> dict:
     import torch
 
-    trainer = _Trainer(size_mb)
-    runner = _Methods(trainer, local, shared)
+    trainer = Trainer(size_mb)
+    runner = Methods(trainer, local, shared)
     state_mb = state_bytes(trainer.state()) / 1e6
     for _ in range(3):
         trainer.step()
@@ -270,7 +124,7 @@ def _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared)
     per: dict[str, list[dict]] = {m: [] for m in methods}
     for rnd in range(repeats + 1):                 # round 0: warm-up, discarded
         steps = [trainer.step() for _ in range(BASELINE_STEPS)]
-        results = {m: _one_checkpoint(runner, m, trainer) for m in methods}
+        results = {m: one_checkpoint(runner, m, trainer) for m in methods}
         if rnd:
             baseline += steps
             for m, r in results.items():

@@ -1,99 +1,51 @@
 """The memory planner checked live: predicted bytes against bytes measured on this machine.
 
-``preflight.models.memory`` predicts per-GPU memory from formulas alone. This module builds a model
-those formulas describe exactly and counts what it really holds, term by term:
+``preflight.models.memory`` predicts per-GPU memory from formulas alone. This module builds the GPT
+those formulas describe exactly (``preflight.bench.gptref``, which explains why each part of the
+layer is written as it is) and counts what it really holds, term by term:
 
-1. **Model states** (Rajbhandari et al. 2020). A GPT built in fp32, trained one step with
-   ``torch.optim.AdamW``; then the bytes of the parameters, of their ``.grad`` tensors and of the
-   optimizer state (``exp_avg``, ``exp_avg_sq``) are summed and set against
-   ``Plan(params=<the model's own count>, precision="fp32")``'s ``weights``, ``gradients`` and
-   ``optimizer`` terms: 4 + 4 + 8 bytes per parameter. They agree to the byte (error 0). The one
-   thing the planner leaves out is AdamW's ``step`` counter: torch keeps it as a 0-d fp32 *tensor*
-   per parameter (4 bytes each, on the CPU unless ``capturable``/``fused``), reported apart as
-   ``states_detail["optimizer_step_counters_bytes"]``: a few hundred bytes, not memory anyone
-   plans for.
+1. **Model states** (Rajbhandari et al. 2020). The GPT in fp32, one step of ``torch.optim.AdamW``;
+   the bytes of the parameters, their ``.grad`` and the optimizer state (``exp_avg``,
+   ``exp_avg_sq``) against ``Plan(params=<the model's own count>, precision="fp32")``'s
+   ``weights``, ``gradients`` and ``optimizer`` terms, 4 + 4 + 8 bytes per parameter: they agree to
+   the byte. Left out by the planner: AdamW's ``step``, a 0-d fp32 tensor per parameter (on the CPU
+   unless ``capturable``/``fused``), reported apart as ``states_detail["optimizer_step_counters_bytes"]``.
 
-2. **Activations** (Korthikanti et al. 2022, Table 2): ``sbh (34 + 5 a s / h)`` bytes per layer,
-   16-bit tensors and 1-byte dropout masks. The model runs in bfloat16 (``model.to(torch.bfloat16)``;
-   the CPU supports it) and every tensor autograd saves for backward during one forward pass is
-   caught by ``torch.autograd.graph.saved_tensors_hooks``. Each is counted once per *storage* (a
-   view saved by two ops, or a slice of a larger buffer, holds the whole storage and holds it once),
-   parameters and buffers excluded (they are model state, not activations). Forward hooks on the
-   layers say which part of the model is running, so the bytes land per layer, embedding and
-   output. A walk of the autograd graph afterwards names the op(s) that saved each storage
-   (``NativeLayerNormBackward0._saved_input``...), which gives the per-tensor breakdown.
+2. **Activations** (Korthikanti et al. 2022, Table 2: ``sbh (34 + 5 a s / h)`` bytes per layer).
+   The GPT in bfloat16 (the CPU supports it); every tensor autograd saves during one forward pass
+   is caught by ``torch.autograd.graph.saved_tensors_hooks`` and counted once per *storage* (a view
+   saved by two ops, or a slice of a larger buffer, holds the whole storage, once), parameters and
+   buffers excluded (model state, not activations). Forward hooks on the layers say which part is
+   running, so bytes land per layer, embedding and output; a walk of the autograd graph afterwards
+   names the op(s) that saved each storage (``NativeLayerNormBackward0._saved_input``...).
 
-   What a layer saves here, in the paper's units (s sequence, b micro-batch, h hidden, a heads)::
+   The one systematic difference is LayerNorm's mean and rstd (``s b`` values each, four per layer:
+   8 sb bytes in bf16 on the CPU, 16 in fp32 on CUDA), ``8 / (34 h + 5 a s)`` of the layer: measured
+   on a 2-core Xeon, +0.042 % at the quick size, +0.021 % at the normal one, never below the formula.
+   Outside the layers the planner's ``activations_output`` (pp = 1: embedding dropout mask sbh,
+   final-norm and head inputs 2 + 2 sbh, fp32 logits 4 sbV) misses the int64 token ids and targets
+   (8 sb bytes each), the final norm's statistics and the loss's 0-d ``total_weight``:
+   ``other_measured`` is +0.38 % above it at the quick size, +0.11 % at the normal one.
 
-       LayerNorm 1 input                     2 sbh      LayerNorm 2 input              2 sbh
-       QKV Linear input (LN output)          2 sbh      fc1 input (LN output)           2 sbh
-       q, k  (contiguous copies for Q K^T)   4 sbh      GELU input (fc1 output)         8 sbh
-       softmax output                        2 a s^2 b  fc2 input (GELU output)         8 sbh
-       its dropout mask (bool)               1 a s^2 b  dropout mask (bool)             1 sbh
-       dropped probabilities (for P V)       2 a s^2 b                                ------
-       v  (contiguous copy for P V)          2 sbh      MLP                            19 sbh
-       output projection input               2 sbh
-       dropout mask (bool)                   1 sbh      attention 11 sbh + 5 a s^2 b
-                                                        layer     34 sbh + 5 a s^2 b
+   Recompute checks, against ``layer_activation_bytes(..., recompute=...)``: ``"selective"`` keeps
+   34 sbh (its checkpoint's QKV input is exactly the 6 sbh of q, k, v), ``"full"`` exactly the 2 sbh
+   layer input (the checkpoint also keeps the generator state to replay dropout: a small CPU tensor
+   outside autograd's saved tensors). +0.09 % and 0 at the quick size. Their breakdowns carry shapes,
+   not op names: reading a saved tensor inside a checkpointed region would run its recomputation.
 
-   plus what the paper does not count: LayerNorm's mean and rstd, ``s b`` values each, two per
-   LayerNorm, four per layer (bf16 on the CPU: 8 sb bytes; fp32 on CUDA: 16 sb bytes). That is
-   ``8 / (34 h + 5 a s)`` of the layer on the CPU (twice that on CUDA) and the whole systematic
-   difference: measured on a 2-core Xeon, +0.042 % at the quick size (74.03 sbh for the formula's
-   74), +0.021 % at the normal one. The measured figure is a hair *above* the formula, never below.
-
-   Design choices that make the formula apply, each a place where a real model can differ:
-
-   - attention is written out (``softmax(q k^T / sqrt(d)) v``), not
-     ``F.scaled_dot_product_attention``: the fused kernels (flash, memory-efficient, CPU flash)
-     never store the s^2 scores, which is the planner's "selective" case;
-   - the causal mask is *added* as a ``-inf`` bias buffer: an add saves nothing, whereas
-     ``masked_fill(mask, -inf)`` would save the bool s^2 mask (s^2 bytes, shared by all layers);
-   - dropout calls ``torch.native_dropout``, which keeps a 1-byte bool mask on every device.
-     ``nn.Dropout`` / ``F.dropout`` dispatch to it only on CUDA (and XPU, lazy, privateuse1); on
-     the CPU they multiply by a noise tensor *of the input's dtype*, 2 bytes per element in bf16,
-     so each mask would cost twice the paper's figure there (+2 sbh + a s^2 b per layer);
-   - q, k, v are split as views of the QKV output and ``torch.matmul`` copies the transposed heads
-     into contiguous q, k, v (2 sbh each) and saves those; Megatron's ``baddbmm`` on views saves the
-     QKV output itself (6 sbh): the same bytes either way;
-   - the loss is computed on ``logits.float()``, so ``log_softmax`` saves fp32 logits, the planner's
-     4 s b V output term.
-
-   Outside the layers the planner predicts (``activations_output``, pp = 1) the embedding dropout
-   mask (sbh), the final-norm and output-head inputs (2 + 2 sbh) and the fp32 logits (4 sbV). The
-   model also saves the token ids (for the embedding's backward) and the targets (for the loss),
-   int64, 8 sb bytes each, plus the final norm's statistics and the loss's 0-d ``total_weight``:
-   ``other_measured`` comes out +0.38 % above the prediction at the quick size, +0.11 % at the
-   normal one.
-
-   Recompute checks. ``recompute="selective"`` checkpoints the core attention (scores, softmax,
-   dropout, P V) with ``torch.utils.checkpoint``: what stays saved is the 34 sbh, and the QKV output
-   the checkpoint keeps as its input is exactly the 6 sbh of q, k, v. ``recompute="full"`` checkpoints
-   each whole layer: only its input stays, exactly 2 sbh (the checkpoint's non-reentrant machinery
-   saves nothing else through the outer hooks; it also keeps the generator state to replay the
-   dropout, a small CPU tensor outside autograd's saved tensors, not an activation). Both are set
-   against ``layer_activation_bytes(..., recompute=...)``: +0.09 % (the LayerNorm statistics again,
-   now on a smaller total) and 0 at the quick size. Their breakdowns carry shapes, not op names:
-   reading a saved tensor inside a checkpointed region would run its recomputation.
-
-3. **Peak on CUDA** (when there is a device). The same GPT in fp32, one warm-up step (creates the
-   optimizer state and cuBLAS workspaces), gradients kept allocated between steps
-   (``zero_grad(set_to_none=False)``, as Megatron's persistent gradient buffer does), then
-   ``torch.cuda.max_memory_allocated`` over one forward/backward/step, set against the planner's
-   total *without* the framework allowance (``Plan(..., precision="fp32")``: states + activations
-   + output). The memory resident before the step is the states plus the batch and the cuBLAS
-   workspaces (``resident_error_vs_states``). What the peak adds on top of the prediction is
-   transient, and the planner does not model it: while ``log_softmax`` runs, the logits and their
-   log-probabilities coexist (4 sbV each in fp32), in backward the logits' gradient and its
-   input gradient do too, and the gradients of activations in flight. Expect the peak *above*
-   the planner's total, by ~one or two 4 sbV plus the workspaces, and inside the 1 GiB + 10 %
-   framework allowance (``within_allowance``); that expectation is reasoned, not yet measured on a
-   GPU when this was written (the development machine has none), so read the record's figures.
-   On the CPU there is no allocator peak counter: ``peak`` says "not measured: no CUDA device".
+3. **Peak on CUDA.** The GPT in fp32, one warm-up step (optimizer state, cuBLAS workspaces),
+   gradients kept allocated (``zero_grad(set_to_none=False)``, like Megatron's persistent gradient
+   buffer), then ``torch.cuda.max_memory_allocated`` over one step, against the planner's total
+   *without* the framework allowance. What is resident before the step is the states plus the batch
+   and workspaces (``resident_error_vs_states``). The peak adds transients the planner does not
+   model: the logits and their log-probabilities coexist in ``log_softmax`` (4 sbV each), so do
+   their gradients in backward. Expect the peak above the total by ~one or two 4 sbV plus the
+   workspaces, inside the 1 GiB + 10 % allowance (``within_allowance``): reasoned, not yet measured
+   on a GPU when this was written, so read the record's figures. On the CPU there is no allocator
+   peak counter: ``peak`` says "not measured: no CUDA device".
 
 Errors are ``measured / predicted - 1``. ``max_abs_error`` covers the model states and the
-per-layer activations (the two things the formulas claim to predict exactly); the peak is a
-different question (what the allocator saw) and keeps its own error.
+per-layer activations (what the formulas claim to predict exactly); the peak keeps its own error.
 
 Run alone::
 
@@ -107,140 +59,15 @@ import math
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
+from preflight.bench.gptref import GPT, MemConfig, config_for, count_params, make_batch, make_model
 from preflight.device import default_device, on_device
 from preflight.models import memory as mm
 from preflight.timing import synchronize
 
 METHOD, METHOD_VERSION = "memory", 1
-
-
-# ------------------------------------------------------------------------------------------ sizes
-@dataclass(frozen=True)
-class MemConfig:
-    layers: int
-    hidden: int
-    heads: int
-    seq_len: int
-    batch: int          # micro-batch size b
-    vocab: int
-    dropout: float = 0.1
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# CPU: a quick run is ~1-2 s on 2 cores, the normal one a few seconds. GPU: large enough that the
-# activations dominate the peak (h=1024, s=1024: ~0.4 GB per layer in fp32), small for an H100.
-CPU_QUICK = MemConfig(layers=2, hidden=256, heads=8, seq_len=256, batch=2, vocab=1000)
-CPU_NORMAL = MemConfig(layers=4, hidden=512, heads=8, seq_len=512, batch=2, vocab=4096)
-GPU_QUICK = MemConfig(layers=2, hidden=512, heads=8, seq_len=512, batch=2, vocab=8192)
-GPU_NORMAL = MemConfig(layers=4, hidden=1024, heads=16, seq_len=1024, batch=2, vocab=32000)
-
-
-def config_for(device, quick: bool = False) -> MemConfig:
-    gpu = torch.device(device).type == "cuda"
-    return (GPU_QUICK if quick else GPU_NORMAL) if gpu else (CPU_QUICK if quick else CPU_NORMAL)
-
-
-# ------------------------------------------------------------------------------------------ model
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout that keeps a 1-byte bool mask on every device (``torch.native_dropout``, what
-    ``F.dropout`` uses on CUDA; on the CPU ``F.dropout`` would keep a mask of ``x``'s dtype)."""
-    if not training or p == 0:
-        return x
-    return torch.native_dropout(x, p, True)[0]
-
-
-def core_attention(q, k, v, bias, p: float, training: bool):
-    """softmax(q k^T / sqrt(d) + causal bias), dropout, times v: the s^2 part of a layer, explicit
-    so that the scores are stored (what the formula's 5 a s^2 b counts)."""
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + bias
-    probs = torch.softmax(scores, dim=-1)
-    return dropout(probs, p, training) @ v
-
-
-class Layer(nn.Module):
-    """One Megatron GPT layer (pre-norm): LN, QKV, attention, projection, dropout, residual; LN,
-    h -> 4h, GELU, 4h -> h, dropout, residual."""
-
-    def __init__(self, cfg: MemConfig):
-        super().__init__()
-        h = cfg.hidden
-        self.heads, self.p = cfg.heads, cfg.dropout
-        self.recompute = "none"
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if self.recompute == "full":     # checkpoint inside the module: its hooks see the checkpoint
-            from torch.utils.checkpoint import checkpoint
-
-            return checkpoint(self._forward, x, bias, use_reentrant=False)
-        return self._forward(x, bias)
-
-    def _forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.recompute == "selective":
-            from torch.utils.checkpoint import checkpoint
-
-            ctx = checkpoint(core_attention, q, k, v, bias, self.p, self.training, use_reentrant=False)
-        else:
-            ctx = core_attention(q, k, v, bias, self.p, self.training)
-        x = x + dropout(self.proj(ctx.transpose(1, 2).reshape(b, s, h)), self.p, self.training)
-        return x + dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, self.training)
-
-
-class GPT(nn.Module):
-    """Token embedding + dropout, ``layers`` x ``Layer``, final LayerNorm, untied output head;
-    ``forward(idx, targets)`` returns the mean cross-entropy computed in fp32."""
-
-    def __init__(self, cfg: MemConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.emb = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.hidden)
-        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        mask = torch.full((cfg.seq_len, cfg.seq_len), float("-inf")).triu(1)
-        self.register_buffer("causal_bias", mask, persistent=False)
-
-    def set_recompute(self, mode: str) -> "GPT":
-        if mode not in mm.RECOMPUTE:
-            raise ValueError(f"recompute must be one of {mm.RECOMPUTE} (got {mode!r})")
-        for layer in self.layers:
-            layer.recompute = mode
-        return self
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        s = idx.shape[1]
-        bias = self.causal_bias[:s, :s]
-        x = dropout(self.emb(idx), self.cfg.dropout, self.training)
-        for layer in self.layers:
-            x = layer(x, bias)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def make_model(cfg: MemConfig, device, dtype=torch.float32, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(cfg).to(device=device, dtype=dtype).train()
-
-
-def make_batch(cfg: MemConfig, device, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), generator=g)
-    return t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def plan_for(cfg: MemConfig, params: int, precision: str, recompute: str = "none") -> mm.Plan:

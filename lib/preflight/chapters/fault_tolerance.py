@@ -48,7 +48,7 @@ def plan(profile: Profile) -> dict:
             "walltime_ratio": R.walltime_fit(chosen, c.walltime_h)}
 
 
-def _dur(s: float) -> str:
+def duration(s: float) -> str:
     if s != s or s == float("inf"):
         return "unbounded"
     return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
@@ -71,7 +71,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              fix="A run that must not fail cannot be planned; a run that resumes can.", source=PROFILE_SOURCE)
     sink.add(id="resilience/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
              threshold="recorded for reference (Llama 3: one interruption every ~3 h on 16k GPUs)",
-             message=f"System mean time between failures: {_dur(p['mtbf_h'] * 3600)} (node failures only; add "
+             message=f"System mean time between failures: {duration(p['mtbf_h'] * 3600)} (node failures only; add "
                      "pre-emption, file-system and network incidents from your site's logs).",
              fix="Lower the per-node rate with your site's measured figure; it sets everything below.",
              source=PROFILE_SOURCE)
@@ -82,16 +82,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     else:
         v, words = judge(extra, warn=EXTRA_WARN, fail=EXTRA_FAIL, higher_is_better=False, fmt="{:+.0%}")
         words = "extra waste of the plan's interval vs the optimum: " + words
-    plan_words = (f"the plan's {_dur(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
+    plan_words = (f"the plan's {duration(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
                   if p["plan_s"] else "the plan names none: set training.checkpoint_interval_s")
     sink.add(id="resilience/checkpoint_interval_s", value=p["daly_s"], unit="s", verdict=v, threshold=words,
-             message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {_dur(p['mtbf_h'] * 3600)}: "
-                      f"{_dur(p['daly_s'])} (Daly; Young's sqrt(2 C M) {_dur(p['young_s'])}); {plan_words}."),
+             message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {duration(p['mtbf_h'] * 3600)}: "
+                      f"{duration(p['daly_s'])} (Daly; Young's sqrt(2 C M) {duration(p['young_s'])}); {plan_words}."),
              fix="Checkpoint at the optimum; lower C (asynchronous two-stage saves) to shorten it.",
              source=PROFILE_SOURCE)
     v, words = judge(p["waste_plan"], warn=WASTE_WARN, fail=WASTE_FAIL, higher_is_better=False, fmt="{:.0%}")
     sink.add(id="resilience/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
-             message=(f"At a {_dur(p['interval_s'])} interval, {p['waste_plan']:.2%} of the run goes to checkpoint "
+             message=(f"At a {duration(p['interval_s'])} interval, {p['waste_plan']:.2%} of the run goes to checkpoint "
                       f"writes, recomputed work and restarts ({p['R']:g} s each): {p['waste_plan'] * gpu_h:,.0f} "
                       f"of {gpu_h:,.0f} GPU-hours (Daly's exponential model; the chapter checks it by simulation)."),
              fix="Faster checkpoints (async, local first), faster restarts (elastic, warm spares).",
@@ -100,7 +100,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
                      fmt="{:.2g}")
     sink.add(id="resilience/walltime_fit", value=p["walltime_ratio"], unit="ratio", verdict=v,
              threshold="interval / walltime: " + words,
-             message=(f"Interval {_dur(p['interval_s'])} vs a {c.walltime_h:g} h walltime: "
+             message=(f"Interval {duration(p['interval_s'])} vs a {c.walltime_h:g} h walltime: "
                       + (f"{1 / p['walltime_ratio']:.3g} checkpoints per allocation." if p["walltime_ratio"] > 0 else "")
                       + f" The {t.run_days:g}-day run needs at least {math.ceil(t.run_days * 24 / c.walltime_h)} "
                       f"allocations, each with a restart; the last stretch of each is lost unless the walltime "

@@ -1,0 +1,102 @@
+"""Chapter 1's sliders: Amdahl / Gustafson, and the memory planner."""
+from __future__ import annotations
+
+import ipywidgets as W
+
+from preflight import charts
+from preflight.models import scaling
+from preflight.widgets.core import explorer, readout
+
+
+def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384) -> W.VBox:
+    """Sliders: serial time Ts, parallel time Tc (s), workers N (powers of two)."""
+    style = {"description_width": "170px"}
+    layout = W.Layout(width="520px")
+    hi = max(ts, tc) * 4 or 1.0
+
+    def seconds(value: float, label: str, low: float) -> W.FloatSlider:
+        # the step divides the start value exactly, so the browser starts where Python does
+        step = value / 100 if value > 0 else hi / 1000
+        return W.FloatSlider(value=value, min=low * step, max=step * round(hi / step), step=step,
+                             description=label, readout_format=".4g", style=style, layout=layout)
+
+    controls = {
+        "ts": seconds(ts, "serial Ts (s)", 0),
+        "tc": seconds(tc, "parallel Tc (s)", 1),
+        "n": W.IntSlider(value=max(0, int(n).bit_length() - 1), min=0, max=n_max.bit_length() - 1,
+                         description="log2 N (workers)", style=style, layout=layout),
+    }
+
+    def compute(ts, tc, n):
+        n_workers = 2 ** n
+        s = scaling.amdahl_speedup(ts, tc, n_workers)
+        ceil = scaling.amdahl_ceiling(ts, tc)
+        text = readout({
+            "n": ("N workers", f"{n_workers}"),
+            "speedup": ("Amdahl speedup S(N)", f"{s:.2f}x"),
+            "efficiency": ("efficiency S(N)/N", f"{s / n_workers:.1%}"),
+            "ceiling": ("ceiling 1 + Tc/Ts", "unbounded" if ceil == float("inf") else f"{ceil:.2f}x"),
+            "gustafson": ("Gustafson scaled speedup", f"{scaling.gustafson_speedup(scaling.serial_fraction(ts, tc), n_workers):.1f}x"),
+        })
+        return text, charts.amdahl_chart(ts, tc, n_max=max(n_workers, 1024), n_mark=n_workers)
+
+    return explorer(controls, compute, "Amdahl / Gustafson explorer")
+
+
+def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus: int) -> W.VBox:
+    """Sliders over the memory plan: tp, pp, ZeRO stage, activation recompute, micro-batch size and
+    sequence parallelism -> per-GPU bytes term by term (``preflight.models.memory``) against the GPU's
+    memory. Changing tp or pp keeps the GPU count: dp = gpus / (tp pp)."""
+    from dataclasses import replace
+
+    from preflight.models import memory as M
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64)
+           if t <= max(gpus_per_node, plan.tp) and plan.heads % t == 0 and gpus % t == 0]
+    pps = [p for p in range(1, min(plan.layers, 128) + 1) if plan.layers % p == 0 and gpus % p == 0]
+    mbs = sorted({1, 2, 4, 8, 16, 32, 64, plan.micro_batch_size})
+    controls = {
+        "tp": W.SelectionSlider(options=sorted(set(tps) | {plan.tp}), value=plan.tp,
+                                description="tensor parallel tp", style=style, layout=layout),
+        "pp": W.SelectionSlider(options=sorted(set(pps) | {plan.pp}), value=plan.pp,
+                                description="pipeline stages pp", style=style, layout=layout),
+        "zero": W.IntSlider(value=plan.zero_stage, min=0, max=3, description="ZeRO stage", style=style, layout=layout),
+        "recompute": W.ToggleButtons(options=["none", "selective", "full"], value=plan.recompute,
+                                     description="recompute", style=style),
+        "mbs": W.SelectionSlider(options=mbs, value=plan.micro_batch_size, description="micro-batch size",
+                                 style=style, layout=layout),
+        "sp": W.Checkbox(value=plan.sequence_parallel, description="sequence parallel (tp > 1)", style=style),
+    }
+
+    def compute(tp, pp, zero, recompute, mbs, sp):
+        if gpus % (tp * pp):
+            return readout({"total": ("memory per GPU", f"tp x pp = {tp * pp} does not divide {gpus} GPUs")}), \
+                charts.memory_bars(None, capacity_bytes)
+        schedule = plan.schedule if pp > 1 else "1f1b"
+        inter = plan.interleave if pp > 1 and schedule == "interleaved" and plan.microbatches % pp == 0 else 1
+        try:
+            new = replace(plan, tp=tp, pp=pp, dp=gpus // (tp * pp), zero_stage=zero, recompute=recompute,
+                          micro_batch_size=mbs, sequence_parallel=bool(sp and tp > 1),
+                          schedule=schedule if inter > 1 or schedule != "interleaved" else "1f1b", interleave=inter)
+        except ValueError as err:
+            return (readout({"total": ("memory per GPU", f"not a valid plan: {err}")}),
+                    charts.memory_bars(None, capacity_bytes))
+        terms = M.terms(new)
+        by = dict(zip(terms["term"], terms["bytes"]))
+        total = float(terms["bytes"].sum())
+        act = sum(v for k, v in by.items() if k.startswith("activations"))
+        gib = 2 ** 30
+        values = {
+            "total": ("memory per GPU", f"{total / gib:,.1f} GiB"),
+            "states": ("weights + gradients + optimizer",
+                       f"{(by['weights'] + by['gradients'] + by['optimizer']) / gib:,.1f} GiB"),
+            "activations": ("activations", f"{act / gib:,.1f} GiB"),
+            "dp": ("data parallel dp", f"{new.dp}"),
+        }
+        if capacity_bytes:
+            ratio = total / capacity_bytes
+            values["fits"] = ("of the GPU's memory", f"{ratio:.0%} " + ("fits" if ratio <= 1 else "OUT OF MEMORY"))
+        return readout(values), charts.memory_bars(terms, capacity_bytes)
+
+    return explorer(controls, compute, "Memory planner")

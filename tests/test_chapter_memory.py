@@ -1,0 +1,105 @@
+"""The memory planner in the audit: the example plan's findings, the cheapest fix, plans the planner
+cannot represent, the sliders, and chapter 4's bubble/memory table."""
+import math
+
+import pytest
+
+from conftest import EXAMPLE
+from preflight.chapters import memory_plan as MP
+from preflight.findings import FindingSink
+from preflight.models import memory as M
+from preflight.profile import load_profile
+
+GiB = 2 ** 30
+
+
+def _run(**changes):
+    prof = load_profile(EXAMPLE)
+    for path, value in changes.items():
+        section, name = path.split("__")
+        setattr(getattr(prof, section), name, value)
+    sink = FindingSink()
+    out = MP.add_plan_findings(sink, prof)
+    return out, {f.id: f for f in sink.findings}
+
+
+def test_example_plan_does_not_fit_and_names_the_cheapest_fix():
+    out, f = _run()
+    # 7B, no ZeRO: 16 bytes per parameter of model states on every GPU
+    assert f["baseline/memory_weights"].value == pytest.approx(2 * 7e9)
+    assert f["baseline/memory_grads"].value == pytest.approx(2 * 7e9)
+    assert f["baseline/memory_optimizer"].value == pytest.approx(12 * 7e9)
+    total = f["baseline/memory_per_gpu"].value
+    assert total == pytest.approx(M.total_bytes(MP.plan_of(load_profile(EXAMPLE))))
+    assert f["baseline/memory_fits"].value == pytest.approx(total / (80 * GiB))
+    assert f["baseline/memory_fits"].verdict == "fail"
+    assert "ZeRO-1 + selective recompute" in f["baseline/memory_fits"].fix
+    fix = out["cheapest"][out["cheapest"]["change"] == "ZeRO-1 + selective recompute"].iloc[0]
+    assert fix["plan_bytes"] < 80 * GiB
+
+
+def test_zero_and_recompute_in_the_profile_make_it_fit():
+    _, f = _run(training__zero_stage=1, training__activation_recompute="selective")
+    assert f["baseline/memory_fits"].verdict == "pass"
+    assert f["baseline/memory_optimizer"].value == pytest.approx(12 * 7e9 / 1024)
+
+
+def test_profile_memory_overrides_the_table():
+    _, f = _run(cluster__gpu_memory_GB=500.0)
+    assert f["baseline/memory_fits"].value == pytest.approx(f["baseline/memory_per_gpu"].value / (500 * GiB))
+    assert f["baseline/memory_fits"].verdict == "pass"
+
+
+def test_a_plan_the_planner_cannot_split_is_reported_not_crashed():
+    # 32 layers over 64 stages: a valid profile (pp divides the GPUs), not a plannable pipeline
+    _, f = _run(training__pp=64)
+    assert f["baseline/memory_per_gpu"].value is None and f["baseline/memory_per_gpu"].verdict == "info"
+    assert "cannot represent" in f["baseline/memory_per_gpu"].message
+
+
+def test_validation_finding_from_a_recorded_measurement():
+    from preflight.chapter import Measured
+
+    res = {"states": [{"term": "weights", "error": 0.0}, {"term": "gradients", "error": 0.0},
+                      {"term": "optimizer", "error": 0.0}],
+           "activations": {"per_layer_measured": [9703424, 9703424], "per_layer_predicted": 9699328.0,
+                           "error": 0.000422},
+           "peak": {"device": "cpu", "measured": False}}
+    sink = FindingSink()
+    MP.add_validation_finding(sink, Measured(res, "recorded"))
+    f = sink.findings[0]
+    assert f.id == "baseline/memory_model_error" and f.verdict == "pass" and f.value == pytest.approx(0.000422)
+    assert "+0.04%" in f.message and "needs a GPU" in f.message
+
+
+def test_memory_explorer_follows_the_sliders():
+    import re
+
+    from preflight.widgets import memory_explorer
+
+    out, _ = _run()
+    w = memory_explorer(out["plan"], out["capacity"], 8, 1024)
+    tp, pp, zero, recompute, mbs, sp = w.children[1].children
+
+    def value(key):
+        m = re.search(rf'data-key="{key}">([^<]*)<', w.children[2].value)
+        return m.group(1)
+
+    before = float(value("total").split()[0].replace(",", ""))
+    zero.value, recompute.value = 1, "selective"
+    after = M.total_bytes(MP.plan_of(load_profile(EXAMPLE), zero_stage=1, recompute="selective"))
+    assert value("total") == f"{after / GiB:,.1f} GiB" and after / GiB < before
+    assert value("fits").endswith("fits")
+    tp.value = 8
+    assert value("dp") == "128"
+    svg = w.children[3].value
+    assert "<svg" in svg and "GPU memory 80 GiB" in svg
+
+
+def test_bubble_memory_table_gpipe_grows_1f1b_does_not():
+    bm = MP.bubble_memory_table(load_profile(EXAMPLE), 4)
+    g = bm[bm["schedule"] == "gpipe"].set_index("m")["activations (GiB)"]
+    o = bm[bm["schedule"] == "1f1b"].set_index("m")["activations (GiB)"]
+    assert g[32] > 7 * g[4] and o[32] == pytest.approx(o[4])
+    assert all(math.isclose(b, (4 - 1) / (m + 4 - 1)) for b, m in
+               zip(bm.loc[bm["schedule"] == "1f1b", "bubble"], bm.loc[bm["schedule"] == "1f1b", "m"]))
