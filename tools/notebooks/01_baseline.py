@@ -290,6 +290,43 @@ if memm:
 MP.add_validation_finding(ch.findings, memm)
 
 # %% [markdown]
+# ## Predict, then measure
+#
+# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
+# cell computes the answer with the library (on this profile, or measured on this machine) and says how
+# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+measured_fusion = fus.results.get("speedup_fwd_bwd") if fus and fus.results.get("available") else None
+EX = X.baseline(prof, fusion_speedup=measured_fusion)
+
+# %%
+ask(EX["amdahl"])
+prediction = None       # your answer
+
+# %%
+check(EX["amdahl"], prediction, reveal=not interactive)
+
+# %%
+ask(EX["model_states"])
+prediction = None       # your answer
+
+# %%
+check(EX["model_states"], prediction, reveal=not interactive)
+
+# %%
+if "fusion" in EX:
+    ask(EX["fusion"])
+prediction = None       # your answer
+
+# %%
+if "fusion" in EX:
+    check(EX["fusion"], prediction, reveal=not interactive)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

@@ -243,6 +243,33 @@ else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
 # %% [markdown]
+# ## Predict, then measure
+#
+# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
+# cell computes the answer with the library (on this profile, or measured on this machine) and says how
+# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+EX = X.data_pipeline(prof)
+
+# %%
+ask(EX["listing"])
+prediction = None       # your answer
+
+# %%
+check(EX["listing"], prediction, reveal=not interactive)
+
+# %%
+ask(EX["workers"])
+prediction = None       # your answer
+
+# %%
+check(EX["workers"], prediction, reveal=not interactive)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

@@ -206,6 +206,33 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")
 
 # %% [markdown]
+# ## Predict, then measure
+#
+# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
+# cell computes the answer with the library (on this profile, or measured on this machine) and says how
+# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+EX = X.communication(prof)
+
+# %%
+ask(EX["volume"])
+prediction = None       # your answer
+
+# %%
+check(EX["volume"], prediction, reveal=not interactive)
+
+# %%
+ask(EX["time"])
+prediction = None       # your answer
+
+# %%
+check(EX["time"], prediction, reveal=not interactive)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

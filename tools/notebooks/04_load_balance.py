@@ -236,6 +236,33 @@ if part:
 C.add_measured_findings(ch.findings, padm, bub, part)
 
 # %% [markdown]
+# ## Predict, then measure
+#
+# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
+# cell computes the answer with the library (on this profile, or measured on this machine) and says how
+# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+EX = X.load_balance(prof)
+
+# %%
+ask(EX["bubble"])
+prediction = None       # your answer
+
+# %%
+check(EX["bubble"], prediction, reveal=not interactive)
+
+# %%
+ask(EX["bubble_m"])
+prediction = None       # your answer
+
+# %%
+check(EX["bubble_m"], prediction, reveal=not interactive)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

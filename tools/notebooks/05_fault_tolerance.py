@@ -296,6 +296,33 @@ print(f"{template}  ({len(text.splitlines())} lines); its header:\n")
 print("\n".join(line for line in text.splitlines()[:40]))
 
 # %% [markdown]
+# ## Predict, then measure
+#
+# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
+# cell computes the answer with the library (on this profile, or measured on this machine) and says how
+# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+EX = X.fault_tolerance(prof)
+
+# %%
+ask(EX["day"])
+prediction = None       # your answer
+
+# %%
+check(EX["day"], prediction, reveal=not interactive)
+
+# %%
+ask(EX["interval"])
+prediction = None       # your answer
+
+# %%
+check(EX["interval"], prediction, reveal=not interactive)
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%
