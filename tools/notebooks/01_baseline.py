@@ -17,8 +17,9 @@
 # 5. staged data-parallel scaling measured with DDP (1 -> 2 processes here), extrapolated to your
 #    8 / 64 / 512 / target GPUs, with the stop rule.
 #
-# **Time:** about 1-2 minutes on a 2-core CPU (the first torch.compile is most of it), under a
-# minute on a GPU. With `plan_only = True` only the formulas run (seconds).
+# **Time:** about 1 minute on a 2-core CPU (measured: 51-60 s in the audit; the first torch.compile is
+# most of it). On a GPU node: not timed yet (no GPU on the project's test machines); the sizes grow on a
+# GPU, so expect a similar order. With `plan_only = True` only the formulas run (about 10 s).
 
 # %%
 # parameters: the audit (papermill) overrides these; in JupyterLab edit them here.

@@ -12,8 +12,9 @@
 #
 # Plus the straggler view: per-rank step times, and how much the slowest rank costs everyone.
 #
-# **Time:** about 2 minutes on a 2-core CPU (real torch.distributed.pipelining runs under torchrun),
-# under a minute on a GPU node. `plan_only = True`: formulas on the profile only (seconds).
+# **Time:** about 2 minutes on a 2-core CPU (measured: 97 s in the audit; real
+# torch.distributed.pipelining runs under torchrun). On a GPU node: not timed yet. `plan_only = True`:
+# formulas on the profile only (seconds).
 
 # %%
 # parameters: the audit (papermill) overrides these; in JupyterLab edit them here.

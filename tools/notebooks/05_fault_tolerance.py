@@ -20,8 +20,9 @@
 # 5. **elastic restart** under torchrun: a worker killed, the job back by itself;
 # 6. the **walltime limit** on Slurm: signal, save, requeue, resume.
 #
-# **Time:** about 1 minute on a 2-core CPU (the runs are small on purpose: they test the machinery,
-# not the hardware), the same on a GPU node. `plan_only = True`: formulas on the profile only (seconds).
+# **Time:** about 1 minute on a 2-core CPU (measured: 67 s in the audit; the runs are small on purpose:
+# they test the machinery, not the hardware, and run on the CPU on a GPU node too). `plan_only = True`:
+# formulas on the profile only (seconds).
 
 # %%
 # parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
