@@ -10,12 +10,22 @@ with an execution timeout (a large widget output can hang nbclient). A chapter t
     notebooks/*.ipynb     the executed notebooks
     records/*.json        the measurements taken during this run
     chapters/*.json       each chapter's raw findings
+
+A run first replaces ``index.html`` by a page marked INCOMPLETE and removes what an earlier run left
+(pages, findings, notebooks, charts; measurement records are kept); ``findings.json`` (atomically:
+temporary file + rename) and the report pages, ``index.html`` last, are written only at the end. So a
+folder never presents an unfinished run as a report. Ctrl-C (SIGINT) stops the running kernel, marks
+the page "interrupted", removes findings.json and exits with code 130 and one line on stderr; two
+audits into different folders share nothing (own kernel sockets, own files).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +39,9 @@ from preflight.profile import Profile
 PLAYBOOK = REPO / "playbook"
 KERNEL = "preflight"          # registered by `make setup` into the project's venv; python3 otherwise
 DEFAULT_TIMEOUT_S = 600       # per cell
+INTERRUPTED_EXIT = 130        # 128 + SIGINT, as a shell reports Ctrl-C
 _NB = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
+_PAGE = re.compile(r"^\d\d_[a-z0-9_]+\.html$")
 
 
 class AuditInputError(ValueError):
@@ -85,9 +97,10 @@ def select_chapters(spec: str | None, available: dict[int, tuple[str, Path]]) ->
     return wanted
 
 
-def _kernel_manager_class(socket_dir: str):
+def _kernel_manager_class(socket_dir: str, started: list):
     """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
-    listens on a port, and ipykernel has nothing to warn about."""
+    listens on a port, and ipykernel has nothing to warn about. Each manager is appended to
+    ``started`` so that an interrupted audit can stop its kernel (``_stop_kernels``)."""
     from jupyter_client.manager import AsyncKernelManager   # nbclient needs the async one for timeouts
 
     class IPCKernelManager(AsyncKernelManager):
@@ -95,8 +108,80 @@ def _kernel_manager_class(socket_dir: str):
             super().__init__(**kw)
             self.transport = "ipc"
             self.ip = str(Path(socket_dir) / "kernel")
+            started.append(self)
 
     return IPCKernelManager
+
+
+def _stop_kernels(managers: list, wait: bool = True) -> None:
+    """Kill the kernels still running (and what they started: torchrun, loader workers) of a stopped
+    audit. Kernels run in their own session, so Ctrl-C in the terminal never reaches them. Only a
+    kernel not yet reaped is signalled: its process group cannot belong to anyone else."""
+    for km in managers:
+        prov = getattr(km, "provisioner", None)
+        proc = getattr(prov, "process", None)
+        if proc is None or proc.poll() is not None:
+            continue
+        try:
+            os.killpg(getattr(prov, "pgid", None) or proc.pid, signal.SIGKILL)
+            if wait:
+                proc.wait(timeout=10)       # reap it: no zombie while the audit winds down
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def _trap_sigint(kernels: list):
+    """Ctrl-C: kill the running kernel at once, ignore further Ctrl-C during the cleanup, raise
+    KeyboardInterrupt. (Left to itself, nbclient's cleanup would ask the busy kernel to shut down, and
+    ipykernel prints a traceback on stderr.) Returns the previous handler, None off the main thread."""
+    def on_sigint(signum, frame):
+        _ignore_sigint()
+        _stop_kernels(kernels, wait=False)
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:
+        return None
+
+
+def _ignore_sigint() -> None:
+    """A second Ctrl-C while an interrupted audit cleans up would print a traceback: ignore it."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:                      # not the main thread
+        pass
+
+
+def _settle_event_loop(timeout_s: float = 15) -> None:
+    """Ctrl-C inside papermill leaves nbclient's tasks pending on this thread's event loop; at exit they
+    would run and print tracebacks ("Task exception was never retrieved"). Cancel them now, quietly."""
+    import asyncio
+    import logging
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop_policy().get_event_loop()     # the one jupyter_core's run_sync set
+        except RuntimeError:
+            return
+    if loop.is_closed() or loop.is_running():
+        return
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    logging.disable(logging.CRITICAL)
+    try:
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=timeout_s))
+        for t in pending:
+            if t.done() and not t.cancelled():
+                t.exception()               # retrieved: nothing is logged when it is collected
+    except BaseException:  # noqa: BLE001 - best effort on the way out
+        pass
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _kernel_name() -> str:
@@ -116,51 +201,129 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print) -> dict:
     """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
     Paths must be absolute: the notebooks run with the playbook folder as working directory."""
-    from preflight import report
     from preflight.device import probe
     from preflight.records import versions
 
     available = discover(playbook)
     out_dir.mkdir(parents=True, exist_ok=True)
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    _write_atomic(out_dir / "index.html", _incomplete_page(
+        profile.project, f"Audit in progress since {started_at} (chapters {', '.join(map(str, chapters))}). If no "
+        "audit is running, it was stopped before the end (killed, machine down): run it again."))
+    _clear_previous(out_dir)
     (out_dir / "notebooks").mkdir(exist_ok=True)
     params = {"profile_path": str(profile_path), "plan_only": plan_only,
               "results_dir": str(results_dir) if results_dir else "", "out_dir": str(out_dir),
               "quick": quick, "interactive": False}
     started = time.perf_counter()
     runs: list[ChapterRun] = []
-    with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
-        for i, num in enumerate(chapters, 1):
-            name, nb_path = available[num]
-            log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
-                f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
-            run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, sockets)
-            log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
-                f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}", flush=True)
-            runs.append(run)
+    kernels: list = []
+    published = interrupted = False
+    previous_handler = _trap_sigint(kernels)
+    try:
+        with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
+            km_class = _kernel_manager_class(sockets, kernels)
+            try:
+                for i, num in enumerate(chapters, 1):
+                    name, nb_path = available[num]
+                    log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
+                        f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
+                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, km_class)
+                    log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
+                        f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}",
+                        flush=True)
+                    runs.append(run)
+            except BaseException:       # Ctrl-C mid-chapter: no kernel left, no task pending
+                _stop_kernels(kernels)
+                _settle_event_loop()
+                raise
 
-    summary = {
-        "schema": "preflight-findings/1",
-        "project": profile.project,
-        "notes": profile.notes,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "mode": "plan-only" if plan_only or not profile.measure else "measure",
-        "profile": profile.model_dump(),
-        "profile_path": str(profile_path),
-        "results_dir": str(results_dir) if results_dir else None,
-        "machine": probe().as_dict(),
-        "versions": versions(),
-        "elapsed_s": round(time.perf_counter() - started, 1),
-        "chapters": [{k: v for k, v in asdict(r).items() if k != "findings"} | {
-            "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
-        "findings": [f | {"chapter": r.number} for r in runs for f in r.findings],
-    }
-    (out_dir / "findings.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False))
-    report.write_report(summary, out_dir)
+        summary = {
+            "schema": "preflight-findings/1",
+            "project": profile.project,
+            "notes": profile.notes,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "mode": "plan-only" if plan_only or not profile.measure else "measure",
+            "profile": profile.model_dump(),
+            "profile_path": str(profile_path),
+            "results_dir": str(results_dir) if results_dir else None,
+            "machine": probe().as_dict(),
+            "versions": versions(),
+            "elapsed_s": round(time.perf_counter() - started, 1),
+            "chapters": [{k: v for k, v in asdict(r).items() if k != "findings"} | {
+                "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
+            "findings": [f | {"chapter": r.number} for r in runs for f in r.findings],
+        }
+        _publish(summary, out_dir)
+        published = True
+    except KeyboardInterrupt:
+        interrupted = True
+        _ignore_sigint()
+        if not published:
+            for cut in [out_dir / "findings.json", *(h for h in out_dir.glob("*.html") if _PAGE.match(h.name))]:
+                cut.unlink(missing_ok=True)     # written by a publish step the interrupt cut short
+            _write_atomic(out_dir / "index.html", _incomplete_page(
+                profile.project, f"Audit interrupted (Ctrl-C) after {len(runs)} of {len(chapters)} chapters "
+                f"(started {started_at}). Run it again for a report.", runs))
+        print(f"error: audit interrupted (Ctrl-C) after {len(runs)} of {len(chapters)} chapters; "
+              + ("the report was already complete" if published else
+                 f"{out_dir / 'index.html'} is marked INCOMPLETE and findings.json was not written"),
+              file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    except Exception as err:
+        _write_atomic(out_dir / "index.html", _incomplete_page(
+            profile.project, f"Audit stopped by an error after {len(runs)} of {len(chapters)} chapters: "
+            f"{_short_error(err)}", runs))
+        raise
+    finally:
+        if previous_handler is not None and not interrupted:
+            signal.signal(signal.SIGINT, previous_handler)
     return summary
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file in the same folder, then a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _clear_previous(out_dir: Path) -> None:
+    """Remove what an earlier audit wrote in ``out_dir`` (index.html excepted: already replaced), so
+    that nothing of it passes for this run's. Measurement records stay: --results may point at them."""
+    stale = [out_dir / "findings.json", *(p for p in out_dir.glob("*.html") if _PAGE.match(p.name)),
+             *(p for p in (out_dir / "notebooks").glob("*.ipynb") if _NB.match(p.name)),
+             *(out_dir / "chapters").glob("*.json"), *(out_dir / "chapters").glob("*.tmp"),
+             *(out_dir / "charts").glob("*--*.svg"), *out_dir.glob(".*.tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+
+
+def _incomplete_page(project: str, state: str, runs: list[ChapterRun] = ()) -> str:
+    from preflight.report import esc, page
+
+    done = "".join(f"<li>{esc(r.title)}: {esc(r.status)} ({len(r.findings)} findings)</li>" for r in runs)
+    return page(f"INCOMPLETE - Preflight audit: {project}", (
+        f"<h1>Preflight audit: {esc(project)} <span class='v v-error'>INCOMPLETE</span></h1>"
+        f"<p><b>This is not an audit report.</b> {esc(state)}</p>"
+        + (f"<p>Chapters that ran before the stop (their notebooks are in notebooks/):</p><ul>{done}</ul>" if done else "")
+        + "<p class='meta'>findings.json and the report are written only when every chapter has run.</p>"))
+
+
+def _publish(summary: dict, out_dir: Path) -> None:
+    """findings.json (whole or not at all), then the pages ``report.write_report`` builds from it after
+    checking it against the schema; index.html comes last and replaces the INCOMPLETE page."""
+    from preflight import report
+
+    _write_atomic(out_dir / "findings.json", json.dumps(summary, indent=1, default=str, allow_nan=False))
+    report.write_report(summary, out_dir)
+
+
 def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict, playbook: Path,
-                 timeout_s: int, socket_dir: str) -> ChapterRun:
+                 timeout_s: int, km_class) -> ChapterRun:
     """Execute one chapter notebook with papermill; its findings, plus one ``error`` finding if it raised."""
     import papermill as pm
 
@@ -176,7 +339,7 @@ def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict
             parameters=params | {"findings_path": str(findings_path)},
             execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
             log_output=False, request_save_on_cell_execute=False,
-            kernel_manager_class=_kernel_manager_class(socket_dir))
+            kernel_manager_class=km_class)
         run.status = "ok"
     except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
         run.status = "error"

@@ -1,11 +1,16 @@
-"""Command line: ``python -m preflight audit PROFILE ...`` and friends.
+"""Command line: ``python -m preflight audit PROFILE ...``, ``compare OLD_DIR NEW_DIR`` and friends.
 
-Exit codes: 0 ran; 1 a chapter errored (or a verdict at/above ``--fail-on``); 2 bad input (profile,
-argument, path), reported in one message naming the field, with nothing written.
+Exit codes: 0 ran; 1 a chapter errored (or a verdict at/above ``--fail-on``, or the findings broke
+the schema); 2 bad input (profile, argument, path, findings file), reported in one message naming
+the field, with nothing written. A mistyped subcommand, option or choice gets a suggestion
+("did you mean 'audit'?").
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,7 +18,27 @@ from pathlib import Path
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own errors: same format and exit code as ours
         self.print_usage(sys.stderr)
-        _die(f"{self.prog}: {message}")
+        _die(f"{self.prog}: {message}{_choice_hint(self, message)}")
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """For argparse's "invalid choice: 'audti' (choose from ...)": the closest of this parser's choices
+    (its subcommands, or an option's choices such as --fail-on's)."""
+    m = re.search(r"invalid choice: (['\"]?)(.+?)\1 \(choose from", message)
+    if not m:
+        return ""
+    return _did_you_mean(m.group(2), (c for a in parser._actions if a.choices for c in a.choices))
+
+
+def _unknown_options_hint(extra: list[str], *parsers: argparse.ArgumentParser) -> str:
+    """For arguments no parser took: the closest known option to each one that looks like an option."""
+    known = [s for p in parsers for a in p._actions for s in a.option_strings]
+    return "".join(_did_you_mean(x.split("=", 1)[0], known) for x in extra if x.startswith("-"))
 
 
 def _die(message: str) -> None:
@@ -35,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="preflight", description="Preflight: audit a training project for the five "
                                               "pitfalls of scaling on HPC clusters.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p.set_defaults(_commands=sub.choices)      # name -> subparser, for main's typo hints
 
     a = sub.add_parser("audit", help="run the chapters on a profile and write the report")
     a.add_argument("profile", help="project profile (YAML), e.g. data/profiles/example.yaml")
@@ -60,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target shard size, e.g. 256MB, 500MB, 1GiB (default 256MB, at most 100GB)")
     s.add_argument("--force", action="store_true", help="replace an existing shard set in DST_DIR")
     s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c = sub.add_parser("compare", help="before/after: compare two audit folders (writes compare.html)")
+    c.add_argument("old", metavar="OLD_DIR", help="the earlier audit folder (holds findings.json)")
+    c.add_argument("new", metavar="NEW_DIR", help="the later audit folder")
+    c.add_argument("--out", metavar="DIR", help="where to write compare.html (default NEW_DIR)")
     return p
 
 
@@ -86,9 +116,15 @@ def cmd_audit(args) -> int:
     except OSError as err:
         _die(f"--out = {str(out)!r}: cannot create the output folder ({err.strerror})")
 
-    summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
-                              playbook=playbook, plan_only=args.plan_only, results_dir=results,
-                              timeout_s=args.timeout, quick=args.quick)
+    from preflight.report import FindingsError
+
+    try:
+        summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
+                                  playbook=playbook, plan_only=args.plan_only, results_dir=results,
+                                  timeout_s=args.timeout, quick=args.quick)
+    except FindingsError as err:    # a chapter emitted something outside the contract: a bug, not input
+        print(f"error: the report was not written: {err}", file=sys.stderr)
+        return 1
     for c in summary["chapters"]:
         print(f"  chapter {c['number']} {c['name']:<18} {c['status']:<6} {c['verdict']:<6} {c['elapsed_s']:>6.1f} s")
     print(f"report: {(out / 'index.html').resolve()}")
@@ -154,10 +190,47 @@ def cmd_shards(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from preflight import compare
+    from preflight.report import FindingsError, load_findings
+
+    audits = []
+    for label, path in (("OLD_DIR", args.old), ("NEW_DIR", args.new)):
+        try:
+            audits.append(load_findings(path))
+        except FindingsError as err:
+            _die(f"{label}: {err}")
+    old, new = audits
+    out = Path(args.out) if args.out else compare.audit_folder(args.new)
+    if out.exists() and not out.is_dir():
+        _die(f"--out = {args.out!r}: exists and is not a folder")
+    try:
+        page = compare.write_compare(old, new, args.old, args.new, out)
+    except OSError as err:
+        _die(f"--out = {str(out)!r}: cannot write compare.html ({err.strerror or err})")
+    for w in compare.warnings(old, new):
+        print(f"warning: {w}", file=sys.stderr)
+    print(compare.text_report(old, new, str(compare.audit_folder(args.old)), str(compare.audit_folder(args.new))),
+          end="")
+    print(f"compare: {page.resolve()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return {"audit": cmd_audit, "validate": cmd_validate, "chips": cmd_chips,
-            "shards": cmd_shards}[args.command](args)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # argparse's parse_args would say "unrecognized arguments" without a suggestion
+        sub = args._commands[args.command]
+        sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
+    try:
+        return {"audit": cmd_audit, "validate": cmd_validate, "chips": cmd_chips, "shards": cmd_shards,
+                "compare": cmd_compare}[args.command](args)
+    except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:   # Ctrl-C outside run_audit (which exits 130 itself)
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

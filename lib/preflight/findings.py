@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+_ID = re.compile(r"^[a-z][a-z0-9_]*/[a-z0-9_]+$")     # as in schema/findings.schema.json
 Verdict = Literal["pass", "warn", "fail", "info", "error"]
 VERDICT_RANK = {"info": 0, "pass": 1, "warn": 2, "fail": 3, "error": 4}
 
@@ -35,8 +37,9 @@ class Finding:
     source: str
 
     def __post_init__(self) -> None:
-        if "/" not in self.id:
-            raise ValueError(f"finding id must be namespaced 'chapter/metric', got {self.id!r}")
+        if not _ID.match(self.id):
+            raise ValueError(f"finding id must be namespaced 'chapter/metric' in lower case (letters, digits, _), "
+                             f"got {self.id!r}")
         if self.verdict not in VERDICT_RANK:
             raise ValueError(f"verdict must be one of {list(VERDICT_RANK)}, got {self.verdict!r}")
         if self.value is not None:

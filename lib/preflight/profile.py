@@ -8,11 +8,13 @@ Chapters add their own fields here (one schema, one home).
 """
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from preflight.hardware import CHIPS
 
@@ -21,8 +23,26 @@ class ProfileError(ValueError):
     """A profile that cannot be used; ``str()`` is the message for the user."""
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 40, 4, 4, 2
+
+
+def _short(value) -> str:
+    """``repr`` of a user's value, cut to a readable length (a 1 MB string or a huge list stays one line)."""
+    return _SHORT.repr(value)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: .nan / .inf in YAML (or "nan" strings) are rejected as "not a finite number"
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v, info: ValidationInfo):
+        """YAML reads yes/no/true/false as booleans, and pydantic would take them as 1 and 0."""
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError(f"got a boolean ({str(v).lower()}); a number is expected")
+        return v
 
 
 class Model(_Strict):
@@ -40,27 +60,30 @@ class Model(_Strict):
         return self.heads or max(1, self.hidden // 128)
 
 
+# Lower bounds are physical, not "> 0": a step of 1e-300 s or a link of 1e-300 GB/s is a typo, and the
+# formulas' divisions would overflow to inf. Smallest accepted: 1 us of compute, 1 Mb/s, 0.01 h (36 s) of
+# walltime, 1 s checkpoint interval, 100 MB of GPU memory, 1 byte files, 86 s of run.
 class Cluster(_Strict):
     gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
-    intra_node_GBps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
-    inter_node_Gbps: Annotated[float, Field(gt=0, le=100_000, description="per-GPU inter-node bandwidth, Gb/s")] = 200.0
+    intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
+    inter_node_Gbps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU inter-node bandwidth, Gb/s")] = 200.0
     node_failure_per_day: Annotated[float, Field(ge=0, lt=1, description="probability a node fails in a day")] = 1e-4
-    walltime_h: Annotated[float, Field(gt=0, le=10_000, description="job walltime limit, hours")] = 48.0
-    gpu_memory_GB: Annotated[float | None, Field(gt=0, le=100_000, description="memory per GPU, GB; empty: "
+    walltime_h: Annotated[float, Field(ge=0.01, le=10_000, description="job walltime limit, hours")] = 48.0
+    gpu_memory_GB: Annotated[float | None, Field(ge=0.1, le=100_000, description="memory per GPU, GB; empty: "
                                                  "from the hardware table (cluster.gpu)")] = None
 
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str) -> str:
         if v != "auto" and v not in CHIPS:
-            raise ValueError(f"unknown GPU '{v}'; accepted: auto, {', '.join(CHIPS)}")
+            raise ValueError(f"unknown GPU {_short(v)}; accepted: auto, {', '.join(CHIPS)}")
         return v
 
 
 class Training(_Strict):
-    step_compute_s: Annotated[float, Field(gt=0, le=1e5, description="parallelisable compute per step on one GPU, s")] = 0.8
+    step_compute_s: Annotated[float, Field(ge=1e-6, le=1e5, description="parallelisable compute per step on one GPU, s")] = 0.8
     step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part per step, s")] = 0.09
     grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     tp: Annotated[int, Field(ge=1, le=1024, description="tensor-parallel size")] = 1
@@ -69,7 +92,7 @@ class Training(_Strict):
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     interleave: Annotated[int, Field(ge=1, le=128, description="model chunks per device")] = 1
     checkpoint_write_s: Annotated[float, Field(ge=0, le=1e6, description="time to write one checkpoint, s")] = 60.0
-    run_days: Annotated[float, Field(gt=0, le=3650, description="planned run length, days")] = 30.0
+    run_days: Annotated[float, Field(ge=1e-3, le=3650, description="planned run length, days")] = 30.0
     restart_s: Annotated[float, Field(ge=0, le=1e6, description="time from a failure to training again: detect, "
                                       "restart or requeue, reload the checkpoint, warm up, s")] = 300.0
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536, description="sequences per micro-batch per GPU")] = 1
@@ -77,13 +100,13 @@ class Training(_Strict):
                                      "gradients, 3 + weights sharded over data parallelism")] = 0
     activation_recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
-    checkpoint_interval_s: Annotated[float | None, Field(gt=0, le=1e7, description="the plan's checkpoint "
+    checkpoint_interval_s: Annotated[float | None, Field(ge=1, le=1e7, description="the plan's checkpoint "
                                      "interval, s; empty: not decided (chapter 5 proposes the optimum)")] = None
 
 
 class Data(_Strict):
     files: Annotated[int, Field(ge=1, le=10**12, description="number of files in the dataset")] = 1
-    mean_file_kB: Annotated[float, Field(gt=0, le=1e9, description="mean file size, kB")] = 100_000.0
+    mean_file_kB: Annotated[float, Field(ge=1e-3, le=1e9, description="mean file size, kB")] = 100_000.0
     storage: Literal["lustre", "gpfs", "nfs", "local_nvme", "object"] = "lustre"
     length_median: Annotated[int, Field(ge=1, le=10_000_000, description="median sample length, tokens (lognormal)")] = 512
     length_sigma: Annotated[float, Field(ge=0, le=5, description="lognormal sigma of sample lengths (0 = all equal)")] = 0.8
@@ -99,7 +122,7 @@ class Data(_Strict):
     @classmethod
     def _absolute(cls, v: str) -> str:
         if v and not Path(v).is_absolute():
-            raise ValueError(f"'{v}' must be an absolute path (e.g. /lustre/scratch/me), or empty")
+            raise ValueError(f"{_short(v)} must be an absolute path (e.g. /lustre/scratch/me), or empty")
         return v
 
 
@@ -166,51 +189,96 @@ def _accepted_range(loc: tuple) -> str:
     return ", ".join(x for x in (low, high) if x)
 
 
+_MESSAGES = {  # pydantic's wording where it misleads on a YAML file
+    "model_type": "expected a section of indented 'field: value' lines (a mapping)",
+    "dict_type": "expected a section of indented 'field: value' lines (a mapping)",
+    "int_parsing_size": "too large for a whole number",
+    "extra_forbidden": "unknown field (check spelling and indentation; see data/profiles/example.yaml)",
+    "string_pattern_mismatch": "accepted: letters, digits, - and _ (1 to 64 characters)",
+    "missing": "required field missing (see data/profiles/example.yaml)",
+}
+
+
 def _format(err: ValidationError, source: str) -> str:
     lines = [f"invalid profile {source}:"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
+        if not e["loc"]:            # a rule across fields (_plan_fits): its message names them
+            lines.append(f"  {msg}")
+            continue
+        field = ".".join(p if isinstance(p, str) and len(p) <= 60 else _short(p) for p in e["loc"])
         value = e.get("input")
-        shown = "(missing)" if e["type"] == "missing" else repr(value)
-        if isinstance(value, dict) and e["type"] != "missing":
-            shown = "{...}"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check spelling; see data/profiles/example.yaml)"
-        elif e["type"] == "string_pattern_mismatch":
-            msg = "accepted: letters, digits, - and _ (1 to 64 characters)"
+        shown = "(missing)" if e["type"] == "missing" else "{...}" if isinstance(value, dict) else _short(value)
         accepted = _accepted_range(e["loc"])
-        if accepted and e["type"] not in ("extra_forbidden", "string_pattern_mismatch"):
+        if accepted and e["type"] not in ("extra_forbidden", "string_pattern_mismatch", "missing"):
             msg += f" (accepted: {accepted})"
         lines.append(f"  {field} = {shown}: {msg}")
     return "\n".join(lines)
 
 
 def parse_profile(data: object, source: str = "<data>") -> Profile:
+    if data is None:
+        raise ProfileError(f"invalid profile {source}: the file is empty; expected at least 'project:' and "
+                           "'model:' (see data/profiles/example.yaml)")
     if not isinstance(data, dict):
-        raise ProfileError(f"invalid profile {source}: expected a YAML mapping at the top level, got "
-                           f"{type(data).__name__}")
+        raise ProfileError(f"invalid profile {source}: expected a YAML mapping ('field: value' lines) at the "
+                           f"top level, got {type(data).__name__}")
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
         raise ProfileError(_format(err, source)) from None
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one section (YAML would keep the last
+    silently: a second ``training:`` block would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:               # unhashable key: the base class reports it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(None, None, f"key {_short(key)} appears twice in the same section "
+                                        f"(lines {first} and {key_node.start_mark.line + 1}); keep one",
+                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; ``ProfileError`` on any problem (never a traceback)."""
     p = Path(path)
-    if p.is_dir():
-        raise ProfileError(f"profile {p} is a folder; expected a YAML file")
-    if not p.exists():
-        raise ProfileError(f"profile file not found: {p}")
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.is_dir():
+            raise ProfileError(f"profile {p} is a folder; expected a YAML file")
+        if not p.exists():
+            raise ProfileError(f"profile file not found: {p}")
+        raw = p.read_bytes()
     except OSError as err:
-        raise ProfileError(f"profile {p} cannot be read: {err.strerror}") from None
-    except UnicodeDecodeError as err:
-        raise ProfileError(f"profile {p} is not UTF-8 text: {err}") from None
+        raise ProfileError(f"profile {p} cannot be read: {err.strerror or err}") from None
+    except ValueError as err:                   # e.g. a NUL byte in the path
+        raise ProfileError(f"profile path {_short(str(path))} is not usable: {err}") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"profile {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                           "save it as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)   # noqa: S506 - a SafeLoader (plus the duplicate-key check)
+    except _DuplicateKey as err:
+        raise ProfileError(f"invalid profile {p}: {err.problem}") from None
     except yaml.YAMLError as err:
         raise ProfileError(f"profile {p} is not readable YAML: {err}") from None
+    except RecursionError:
+        raise ProfileError(f"profile {p} is not readable YAML: nested too deeply to be a profile") from None
     return parse_profile(data, str(p))

@@ -1,42 +1,140 @@
-"""The audit report: static HTML that opens from disk with no network.
+"""The audit report: static HTML that opens from disk with no network, and prints.
 
-``index.html`` reads like an audit (project, machine, date, versions, a verdict per chapter with the
-deciding number, threshold and fix, then every finding and the chapters' key charts); each executed
-chapter gets its own page converted from the executed notebook. No script, no external URL: charts
-are inline SVG, styles are inline, and every string that came from the user is escaped.
+Everything here reads findings.json through :func:`load_findings`, which checks it against the
+published JSON Schema (``preflight/schema/findings.schema.json``, draft 2020-12) before a single
+field is used: a report never shows a file that breaks the contract, it names the broken field.
+
+``index.html`` reads like an audit: project, machine, date and versions; a verdict table with one
+row per chapter (one pitfall each): its worst verdict, the deciding number (the worst finding's
+value and unit), the threshold it was judged against and the fix; then one section per chapter with
+every finding and the chapter's key charts, each linked to its full chapter page (the executed
+notebook converted to HTML). No script, no external URL: charts are inline SVG, styles inline, and
+every string that came from the user (project, notes, paths) goes through :func:`esc`.
 """
 from __future__ import annotations
 
+import functools
 import html
+import json
+import math
+import os
 import re
 from pathlib import Path
 
 from preflight.findings import VERDICT_RANK
 
+SCHEMA_TAG = "preflight-findings/1"
+SCHEMA_PATH = Path(__file__).with_name("schema") / "findings.schema.json"
+
+
+class FindingsError(ValueError):
+    """findings.json is missing, not JSON, or breaks the schema; the message names file, JSON path
+    (``$.findings[3].verdict``) and problem."""
+
+
+@functools.cache
+def _validator():
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def _non_finite(node, where="$"):
+    """JSON path of the first NaN/Infinity: Python's json reads them, the JSON standard has none."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        hit = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}")
+        if hit:
+            return hit
+    return None
+
+
+def validate_findings(data, name: str = "findings.json") -> dict:
+    """Check an already-parsed findings.json; return it unchanged or raise :class:`FindingsError`.
+
+    Order matters for a useful message: the format tag first (a file of another version fails on
+    everything else too), then NaN, then the schema (the most relevant of its errors, and how many
+    more), then what a schema cannot say: ids unique, each finding's chapter among ``chapters``."""
+    if not isinstance(data, dict):
+        raise FindingsError(f"{name}: $: expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") != SCHEMA_TAG:
+        raise FindingsError(f"{name}: $.schema: {data.get('schema')!r} is not a format this version "
+                            f"reads (expected {SCHEMA_TAG!r})")
+    bad = _non_finite(data)
+    if bad:
+        raise FindingsError(f"{name}: {bad}: NaN/Infinity is not valid JSON (a missing number is null)")
+    from jsonschema.exceptions import best_match
+
+    errors = list(_validator().iter_errors(data))
+    if errors:
+        e = best_match(errors)
+        more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
+        raise FindingsError(f"{name}: {e.json_path}: {e.message}{more}")
+    seen, numbers = {}, {c["number"] for c in data["chapters"]}
+    for i, f in enumerate(data["findings"]):
+        if f["id"] in seen:
+            raise FindingsError(f"{name}: $.findings[{i}].id: {f['id']!r} appears twice "
+                                f"(also $.findings[{seen[f['id']]}])")
+        seen[f["id"]] = i
+        if f["chapter"] not in numbers:
+            raise FindingsError(f"{name}: $.findings[{i}].chapter: {f['chapter']} is not the number "
+                                f"of any chapter in $.chapters")
+    return data
+
+
+def load_findings(path) -> dict:
+    """Read and validate an audit's findings.json (``path``: the file, or the audit folder holding
+    it). The one way the report and ``preflight compare`` read an audit."""
+    p = Path(path) / "findings.json" if Path(path).is_dir() else Path(path)
+    if not p.is_file():
+        where = p.parent if p.name == "findings.json" else p
+        raise FindingsError(f"{where}: {'no findings.json in this folder' if where.is_dir() else 'no such file or folder'}"
+                            " (expected an audit folder: python -m preflight audit ... --out DIR)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise FindingsError(f"{p}: cannot read ({err})") from None
+    except json.JSONDecodeError as err:
+        raise FindingsError(f"{p}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    return validate_findings(data, str(p))
+
+
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;max-width:1100px;margin:2em auto;
 padding:0 1em;color:#1d2430;line-height:1.45}
-h1{margin-bottom:.2em} .meta{color:#555;font-size:.92em}
+h1{margin-bottom:.2em} .meta{color:#555;font-size:.92em} .notes{white-space:pre-wrap}
 table{border-collapse:collapse;margin:1em 0;width:100%;font-size:.92em}
 th,td{border:1px solid #d5d9e0;padding:.35em .55em;text-align:left;vertical-align:top}
 th{background:#f1f3f6} td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-.v{font-weight:700;text-transform:uppercase;font-size:.82em;padding:.1em .45em;border-radius:3px;color:#fff}
+table.facts{width:auto} table.facts th{font-weight:600;white-space:nowrap}
+.v{white-space:nowrap;font-weight:700;text-transform:uppercase;font-size:.82em;padding:.1em .45em;border-radius:3px;color:#fff}
 .v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-info{background:#546e7a}
-.v-error{background:#6a1b9a}
-.charts{display:flex;flex-wrap:wrap;gap:1em}.charts figure{margin:0}
-pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
-.jp-InputPrompt,.jp-OutputPrompt{display:none}
-.jp-RenderedHTMLCommon table{width:auto}
-@media print{body{max-width:none;margin:0;font-size:10pt} a{color:inherit;text-decoration:none}
- .charts figure,table,tr{break-inside:avoid} @page{size:A4;margin:14mm}}
+.v-error{background:#6a1b9a}.ch-improved{color:#2e7d32;font-weight:700}.ch-worse{color:#c62828;font-weight:700}
+.charts{display:flex;flex-wrap:wrap;gap:1em}.charts figure{margin:0;max-width:100%}
+svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
+.jp-InputPrompt,.jp-OutputPrompt{display:none} .jp-RenderedHTMLCommon table{width:auto}
+@page{size:A4;margin:16mm 14mm}
+@media print{
+ body{max-width:none;margin:0;padding:0;font-size:9.5pt;line-height:1.3}
+ a{color:inherit;text-decoration:none} a[href]:not([href^='#'])::after{content:" (" attr(href) ")";
+  font-size:.85em;color:#555;overflow-wrap:anywhere}
+ section.chapter{break-before:page} h1,h2,h3{break-after:avoid} thead{display:table-header-group}
+ tr,figure,.charts figure,table.verdicts,table.facts{break-inside:avoid} pre{white-space:pre-wrap}
+ table{font-size:8.5pt} td,th{padding:.25em .4em}
+ .charts{display:block} .charts figure{margin:0 0 .8em} svg{width:100%;max-height:120mm}
+ .v{border:1px solid #000;color:#000!important;background:none!important}}
 """
 
 
 def esc(x) -> str:
+    """HTML-escape anything for text or a quoted attribute (None becomes empty)."""
     return html.escape("" if x is None else str(x))
 
 
 def fmt_value(value, unit: str) -> str:
+    """A finding's number for people: 12.5%, 3.2x, 56 GB, 5,000 s, yes/no; ``n/a`` when null."""
     if value is None:
         return "n/a"
     if unit == "fraction":
@@ -45,9 +143,16 @@ def fmt_value(value, unit: str) -> str:
         return f"{value:.3g}x"
     if unit == "bytes":
         return f"{value / 1e9:.3g} GB"
+    if unit == "bool":
+        return "yes" if value else "no"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}".strip()
     return f"{value:.4g} {unit}".strip()
+
+
+def fid(finding_id: str) -> str:
+    """A finding id in ``<code>``, breakable after '/' and '_' so narrow (printed) tables wrap it."""
+    return "<code>" + esc(finding_id).replace("/", "/<wbr>").replace("_", "_<wbr>") + "</code>"
 
 
 def verdict_badge(v: str) -> str:
@@ -55,80 +160,115 @@ def verdict_badge(v: str) -> str:
 
 
 def page(title: str, body: str) -> str:
+    """A complete, self-contained HTML page with the report's styles (screen and print)."""
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n")
 
 
+def table(head: list[str], rows: list, cls: str = "") -> str:
+    """``head``: plain header texts; ``rows``: ready ``<td>`` markup (already escaped), or
+    ``(anchor, markup)`` pairs: the row gets ``id=anchor`` (a finding id: ``index.html#baseline/mfu``)."""
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    trs = "".join(f"<tr id='{esc(r[0])}'>{r[1]}</tr>" if isinstance(r, tuple) else f"<tr>{r}</tr>" for r in rows)
+    return f"<table class='{cls}'><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+
 def deciding(findings: list[dict]) -> dict | None:
-    """The finding that sets a chapter's verdict: the worst one (first of equals)."""
+    """The finding that sets a chapter's verdict: the worst one; among equals the first that has a
+    number (a deciding *number* is the point), else the first."""
     if not findings:
         return None
-    return max(findings, key=lambda f: VERDICT_RANK[f["verdict"]])
+    return max(findings, key=lambda f: (VERDICT_RANK[f["verdict"]], f["value"] is not None))
 
 
 def findings_table(findings: list[dict]) -> str:
-    rows = "".join(
-        f"<tr><td><code>{esc(f['id'])}</code></td><td class='num'>{esc(fmt_value(f['value'], f['unit']))}</td>"
-        f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td><td>{esc(f['message'])}</td>"
-        f"<td>{esc(f['fix'])}</td><td>{esc(f['source'])}</td></tr>" for f in findings)
-    return ("<table class='findings'><tr><th>finding</th><th>value</th><th>verdict</th><th>threshold</th>"
-            f"<th>what it means</th><th>fix</th><th>source</th></tr>{rows}</table>")
+    rows = [(f["id"], f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_value(f['value'], f['unit']))}</td>"
+            f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td><td>{esc(f['message'])}</td>"
+            f"<td>{esc(f['fix'])}</td><td>{esc(f['source'])}</td>") for f in findings]
+    return table(["finding", "value", "verdict", "threshold", "what it means", "fix", "source"], rows, "findings")
+
+
+def scoped_svg(text: str, prefix: str) -> str:
+    """Prefix an SVG's element ids (``clip1`` ...) and their ``#`` references: several inline SVGs in
+    one page share one id space, and a repeated id would clip a chart with another chart's shape."""
+    for i in set(re.findall(r'\bid="([^"]+)"', text)):
+        text = re.sub(rf'(\bid="|#){re.escape(i)}(?=["\)])', rf"\g<1>{prefix}-{i}", text)
+    return text
 
 
 def chapter_charts(out_dir: Path, chapter: str) -> str:
+    """The chapter's key charts: ``charts/<chapter>--<what>.svg``, written by the notebook."""
     figs = []
     for svg in sorted((out_dir / "charts").glob(f"{chapter}--*.svg")):
         caption = svg.stem.split("--", 1)[1].replace("_", " ")
-        figs.append(f"<figure>{svg.read_text()}<figcaption>{esc(caption)}</figcaption></figure>")
+        figs.append(f"<figure>{scoped_svg(svg.read_text(), svg.stem)}<figcaption>{esc(caption)}</figcaption></figure>")
     return f"<div class='charts'>{''.join(figs)}</div>" if figs else ""
 
 
-def _title(c: dict) -> str:
-    t = c["title"]
-    return t if t.lower().startswith("chapter") else f"{c['number']}. {t}"
+def chapter_title(c: dict) -> str:
+    return c["title"] if c["title"].lower().startswith("chapter") else f"{c['number']}. {c['title']}"
+
+
+def chapter_page(c: dict) -> str:
+    return Path(c["notebook"]).stem + ".html"
+
+
+def chapter_verdict(c: dict) -> str:
+    return c["verdict"] if c["status"] == "ok" else "error"
+
+
+def machine_text(m: dict) -> str:
+    gpu = m["kind"] == "cuda"
+    mem = f"{m['memory_GB']:.1f} GB" if m.get("memory_GB") else "? GB"
+    return f"{m['label']}: {m['count']} {'devices' if gpu else 'cores'}, {mem} {'each' if gpu else 'host memory'}"
+
+
+def facts_table(s: dict, notes: bool = False) -> str:
+    """Who, where, when, with what: the head of an audit (and of each side of a comparison)."""
+    vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items() if v)
+    facts = [("Project", s["project"])] + ([("Notes", s["notes"])] if notes and s["notes"] else []) + [
+             ("Machine", machine_text(s["machine"])), ("Date", s["date"]),
+             ("Mode", s["mode"]), ("Duration", f"{s['elapsed_s']:.1f} s"), ("Versions", vers),
+             ("Profile", s["profile_path"])] + ([("Recorded results", s["results_dir"])] if s["results_dir"] else [])
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
+    return f"<table class='facts'>{rows}</table>"
+
+
+def _counts(findings: list[dict]) -> str:
+    n = {v: sum(f["verdict"] == v for f in findings) for v in VERDICT_RANK}
+    return ", ".join(f"{n[v]} {v}" for v in reversed(VERDICT_RANK) if n[v]) or "no findings"
 
 
 def index_html(summary: dict, out_dir: Path) -> str:
-    m, ver = summary["machine"], summary["versions"]
+    """The audit summary page; ``summary`` as returned by :func:`load_findings`."""
     by_ch = {c["number"]: [f for f in summary["findings"] if f["chapter"] == c["number"]]
              for c in summary["chapters"]}
-    rows = []
+    rows, sections = [], []
     for c in summary["chapters"]:
-        d = deciding(by_ch[c["number"]])
-        page_name = Path(c["notebook"]).stem + ".html"
+        found, d = by_ch[c["number"]], deciding(by_ch[c["number"]])
         rows.append(
-            f"<tr><td><a href='{esc(page_name)}'>{esc(_title(c))}</a></td>"
-            f"<td>{verdict_badge(c['verdict'] if c['status'] == 'ok' else 'error')}</td>"
-            f"<td><code>{esc(d['id']) if d else ''}</code></td>"
+            f"<td><a href='{esc(chapter_page(c))}'>{esc(chapter_title(c))}</a>"
+            f"<br><span class='meta'>{esc(_counts(found))}</span></td>"
+            f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
             f"<td class='num'>{esc(fmt_value(d['value'], d['unit'])) if d else ''}</td>"
-            f"<td>{esc(d['threshold']) if d else ''}</td><td>{esc(d['fix']) if d else ''}</td></tr>")
-    sections = []
-    for c in summary["chapters"]:
-        stem = Path(c["notebook"]).stem
+            f"<td>{esc(d['threshold']) if d else ''}</td><td>{esc(d['fix']) if d else ''}</td>")
         err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""
         sections.append(
-            f"<section id='ch{c['number']}'><h2>{esc(_title(c))} "
-            f"{verdict_badge(c['verdict'] if c['status'] == 'ok' else 'error')}</h2>"
+            f"<section class='chapter' id='ch{c['number']}'><h2>{esc(chapter_title(c))} "
+            f"{verdict_badge(chapter_verdict(c))}</h2>"
             f"<p class='meta'>{esc(c['status'])} in {c['elapsed_s']:.1f} s · "
-            f"<a href='{esc(stem)}.html'>chapter page</a> · "
+            f"<a href='{esc(chapter_page(c))}'>chapter page</a> · "
             f"<a href='{esc(c['notebook'])}'>executed notebook</a></p>{err}"
-            f"{findings_table(by_ch[c['number']])}{chapter_charts(out_dir, c['name'])}</section>")
-    vers = ", ".join(f"{esc(k)} {esc(v)}" for k, v in ver.items() if v)
-    body = (
-        f"<h1>Preflight audit: {esc(summary['project'])}</h1>"
-        f"<p>{esc(summary.get('notes'))}</p>"
-        f"<p class='meta'>Machine: <b>{esc(m.get('label'))}</b> ({esc(m.get('count'))} "
-        f"{'devices' if m.get('kind') == 'cuda' else 'cores'}, "
-        f"{esc(round(m['memory_GB'], 1) if m.get('memory_GB') else '?')} GB "
-        f"{'each' if m.get('kind') == 'cuda' else 'host memory'}) · date {esc(summary['date'])} · "
-        f"mode <b>{esc(summary['mode'])}</b> · {esc(summary['elapsed_s'])} s<br>Versions: {vers}<br>"
-        f"Profile: <code>{esc(summary['profile_path'])}</code>"
-        + (f" · recorded results: <code>{esc(summary['results_dir'])}</code>" if summary.get("results_dir") else "")
-        + "</p><h2>Verdicts</h2><table class='verdicts'><tr><th>chapter</th><th>verdict</th>"
-          "<th>deciding finding</th><th>value</th><th>threshold</th><th>fix</th></tr>"
-        + "".join(rows) + "</table>" + "".join(sections)
-        + "<p class='meta'>findings.json holds every number above, machine-readable.</p>")
+            f"{findings_table(found)}{chapter_charts(out_dir, c['name'])}</section>")
+    notes = f"<p class='notes'>{esc(summary['notes'])}</p>" if summary["notes"] else ""
+    body = (f"<h1>Preflight audit: {esc(summary['project'])}</h1>{notes}{facts_table(summary)}"
+            "<h2>Verdicts</h2><p class='meta'>One row per chapter: its worst verdict and the finding that "
+            "decided it.</p>"
+            + table(["chapter", "verdict", "deciding finding", "value", "threshold", "fix"], rows, "verdicts")
+            + "".join(sections)
+            + "<p class='meta'>findings.json holds every number above, machine-readable "
+              "(schema: preflight/schema/findings.schema.json).</p>")
     return page(f"Preflight audit: {summary['project']}", body)
 
 
@@ -145,14 +285,29 @@ def chapter_html(notebook: Path, title: str) -> str:
     return page(title, nav + body)
 
 
-def write_report(summary: dict, out_dir: Path) -> Path:
-    for c in summary["chapters"]:
+def write_report(summary: dict | None, out_dir: Path) -> Path:
+    """Write ``index.html`` and one page per executed chapter into the audit folder ``out_dir``.
+
+    The pages are built from ``out_dir/findings.json`` read through :func:`load_findings`, so they
+    show exactly what the file holds and a file that breaks the schema raises
+    :class:`FindingsError` here. ``summary`` (the audit's in-memory copy) is not read."""
+    out_dir = Path(out_dir)
+    data = load_findings(out_dir / "findings.json")
+    for c in data["chapters"]:
         nb = out_dir / c["notebook"]
         if nb.exists():
-            (out_dir / (Path(c["notebook"]).stem + ".html")).write_text(chapter_html(nb, c["title"]))
+            _write_atomic(out_dir / chapter_page(c), chapter_html(nb, c["title"]))
     index = out_dir / "index.html"
-    index.write_text(index_html(summary, out_dir))
+    _write_atomic(index, index_html(data, out_dir))      # last: its presence means the report is complete
     return index
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write a temporary file next to ``path`` and rename it over: a kill leaves the old page or the
+    new one, never half of one (the audit removes stray ``.*.tmp`` files)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 _REF = re.compile(r"""(?:src|href|xlink:href)\s*=\s*["']?\s*((?:https?:)?//[^"'\s>]+)|url\(\s*["']?((?:https?:)?//[^)"']+)""",

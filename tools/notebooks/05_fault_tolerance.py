@@ -317,11 +317,13 @@ prediction = None       # your answer
 check(EX["day"], prediction, reveal=not interactive)
 
 # %%
-ask(EX["interval"])
+if "interval" in EX:      # not asked when the profile has no failures (no optimal interval)
+    ask(EX["interval"])
 prediction = None       # your answer
 
 # %%
-check(EX["interval"], prediction, reveal=not interactive)
+if "interval" in EX:
+    check(EX["interval"], prediction, reveal=not interactive)
 
 # %% [markdown]
 # ## Findings of this chapter

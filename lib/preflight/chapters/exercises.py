@@ -13,8 +13,6 @@ GiB = 2 ** 30
 
 
 def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str, Exercise]:
-    from preflight.chapters.memory_plan import plan_of
-    from preflight.models import memory as M
     from preflight.models import scaling
 
     t = profile.training
@@ -29,9 +27,9 @@ def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str,
             rel_tol=0.2, log=True),
         "model_states": Exercise(
             "model_states", f"A {profile.model.params / 1e9:g}B-parameter model trained with mixed-precision Adam "
-            "and no ZeRO: how many GiB per GPU do weights + gradients + optimizer state take?", "GiB",
-            lambda: float(M.terms(plan_of(profile, zero_stage=0, tp=1, pp=1)).set_index("term")
-                          .loc[["weights", "gradients", "optimizer"], "bytes"].sum()) / GiB,
+            "and no ZeRO, on one GPU (no tensor or pipeline parallelism): how many GiB do weights + gradients + "
+            "optimizer state take?", "GiB",
+            lambda: 16 * profile.model.params / GiB,
             "2 bytes of weights + 2 of gradients + 12 of optimizer state (fp32 master, momentum, variance) = "
             "16 bytes per parameter, before a single activation (Rajbhandari et al. 2020).", rel_tol=0.15),
     }

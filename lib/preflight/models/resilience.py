@@ -77,7 +77,7 @@ def node_rate_per_day(p_node_day):
 def system_mtbf_h(p_node_day, nodes):
     """Mean time between failures of the whole job (hours): ``24 / (nodes lambda)``; inf when p = 0."""
     rate = node_rate_per_day(p_node_day) * _check("nodes", nodes, 1)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         return _out(24.0 / np.asarray(rate, dtype=float))
 
 
