@@ -31,8 +31,9 @@ report: setup
 plan: setup
 	$(PY) -m preflight audit $(PROFILE) --plan-only $(AUDIT_ARGS)
 
-## As root, also installs Debian's Slurm (~13 MB) for the real-cluster tests in tests/test_slurm.py;
-## if that fails, or elsewhere (not root), those tests are skipped.
+## As root, also installs Debian's Slurm (~13 MB) for the real-cluster tests in tests/test_slurm.py
+## and Debian's chromium for the browser tests in tests/test_browser.py (report offline, JupyterLab
+## sliders); if that fails, or elsewhere (not root), those tests are skipped.
 test: setup
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1 && ! PATH="$$PATH:/usr/sbin:/sbin" \
 	    sh -c 'command -v slurmctld && command -v slurmd && command -v srun && command -v munged' > /dev/null; then \
@@ -41,6 +42,15 @@ test: setup
 	  if ! { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install \
 	         -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; } > "$$log" 2>&1; then \
 	    tail -n 5 "$$log"; echo "Slurm not installed: the Slurm tests will be skipped"; \
+	  fi; \
+	  rm -f "$$log"; \
+	fi
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then \
+	  echo "installing chromium for the browser tests (apt-get, ~480 MB)"; \
+	  log=$$(mktemp); \
+	  if ! { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install \
+	         -y -qq --no-install-recommends chromium; } > "$$log" 2>&1; then \
+	    tail -n 5 "$$log"; echo "chromium not installed: the browser tests will be skipped"; \
 	  fi; \
 	  rm -f "$$log"; \
 	fi

@@ -119,11 +119,15 @@ class Chapter:
 def start(name: str, profile_path: str | os.PathLike | None = None, findings_path: str | None = None,
           plan_only: bool = False, results_dir: str | None = None, out_dir: str | None = None,
           quick: bool | None = None) -> Chapter:
-    """Load and validate the profile, switch charts to the offline renderer, open the sink."""
+    """Load and validate the profile, switch charts to the offline renderer, open the sink.
+
+    ``quick`` (smallest measurement sizes) is on when asked for, or whenever the environment sets
+    ``PREFLIGHT_QUICK=1``: that turns it on even where a notebook passes ``quick=False``, so a smoke
+    test (e.g. JupyterLab in tests/test_browser.py) can run the real notebooks quickly. The environment
+    cannot turn quick off."""
     charts.use_offline_renderer()
     profile = load_profile(profile_path or DEFAULT_PROFILE)
-    if quick is None:
-        quick = os.environ.get("PREFLIGHT_QUICK", "") == "1"
+    quick = bool(quick) or os.environ.get("PREFLIGHT_QUICK", "") == "1"
     return Chapter(
         name=name, profile=profile, findings=FindingSink(findings_path, name),
         measure=not plan_only and profile.measure, quick=quick,
