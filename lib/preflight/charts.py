@@ -16,9 +16,12 @@ def use_offline_renderer() -> None:
 
 
 def to_svg(chart: alt.TopLevelMixin) -> str:
+    """SVG of ``chart``, whatever its row count (a large pipeline schedule has thousands of bars; the
+    data is embedded in the SVG's source, not served)."""
     import vl_convert as vlc
 
-    return vlc.vegalite_to_svg(chart.to_dict())
+    with alt.data_transformers.disable_max_rows():
+        return vlc.vegalite_to_svg(chart.to_dict())
 
 
 def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None) -> alt.LayerChart:

@@ -1,0 +1,68 @@
+"""Slider ranges cannot produce invalid states: every explorer, every control pushed to each end of its
+range (and each option of a choice), in turn and all together, redraws without an exception and shows
+no NaN, inf or Python error text."""
+import itertools
+import re
+
+import ipywidgets as W
+import pytest
+
+from conftest import EXAMPLE
+from preflight import widgets
+from preflight.chapters import memory_plan as MP
+from preflight.profile import load_profile
+
+
+def _explorers():
+    prof = load_profile(EXAMPLE)
+    mem = MP.add_plan_findings(__import__("preflight.findings", fromlist=["FindingSink"]).FindingSink(), prof)
+    return {
+        "amdahl": lambda: widgets.amdahl_explorer(0.09, 0.8, 1024),
+        "listing": lambda: widgets.listing_explorer(10_000_000, 0.5, 8),
+        "supply": lambda: widgets.supply_explorer(4000, 2000, 0.36),
+        "allreduce": lambda: widgets.allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per GPU", 0.8,
+                                                        0.09, 8, 450.0),
+        "bubble": lambda: widgets.bubble_explorer(4, 8, "1f1b"),
+        "failure": lambda: widgets.failure_explorer(1e-4, 128, 30),
+        "interval": lambda: widgets.interval_explorer(60, 300, 1875, 10800, walltime_h=48, segments=2000),
+        "memory": lambda: widgets.memory_explorer(mem["plan"], mem["capacity"], 8, 1024),
+    }
+
+
+def _ends(c):
+    if isinstance(c, (W.SelectionSlider, W.Dropdown, W.ToggleButtons)):
+        return list(c._options_values)          # the values behind (label, value) options
+    if isinstance(c, W.Checkbox):
+        return [False, True]
+    if isinstance(c, W.FloatLogSlider):
+        return [c.base ** c.min, c.base ** c.max]
+    return [c.min, c.max]
+
+
+BAD = re.compile(r"(?i:\bnan\b|\binf\b)|Traceback|\w+Error\b|Exception")
+
+
+def _check(box, name, state):
+    text = box.children[2].value
+    assert not BAD.search(re.sub(r"<[^>]+>", " ", text)), (name, state, text[:300])
+    assert box.children[3].value.startswith("<svg"), (name, state)
+
+
+@pytest.mark.parametrize("name", ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory"])
+def test_every_control_at_every_end(name):
+    try:
+        box = _explorers()[name]()
+    except TypeError as err:          # an explorer's signature changed: the test must follow
+        pytest.fail(f"{name}: {err}")
+    controls = list(box.children[1].children)
+    start = [c.value for c in controls]
+    for i, c in enumerate(controls):       # one control at a time
+        for v in _ends(c):
+            c.value = v
+            _check(box, name, {i: v})
+        c.value = start[i]
+    corners = list(itertools.product(*[[_ends(c)[0], _ends(c)[-1]] for c in controls]))
+    for corner in corners[:: max(1, len(corners) // 16)]:   # all together, up to 16 corners
+        for c, v in zip(controls, corner):
+            c.value = v
+        _check(box, name, corner)
