@@ -34,7 +34,6 @@ def test_example_profile_numbers():
     assert f["resilience/expected_waste"].value == pytest.approx(R.daly_waste(10800, 60, 300, m_s))
     assert f["resilience/expected_waste"].verdict == "pass"
     assert f["resilience/walltime_fit"].value == pytest.approx(10800 / (48 * 3600))
-    assert "30 allocations" not in f["resilience/walltime_fit"].message
     assert "at least 15 allocations" in f["resilience/walltime_fit"].message
     assert p["waste_plan"] > p["waste_opt"]
 

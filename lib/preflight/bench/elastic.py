@@ -31,18 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from preflight.bench.scaling import _free_port
 from preflight.bench.trainloop import read_log
 
 METHOD, METHOD_VERSION = "elastic", 1
 TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, nproc: int, max_restarts: int,
