@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from itertools import product
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

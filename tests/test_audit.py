@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from conftest import EXAMPLE, REPO, run_cli
+from conftest import EXAMPLE, REPO, example_with, run_cli
 from preflight.report import external_refs
 
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
@@ -165,15 +165,8 @@ def test_measure_mode_audit_quick(tmp_path):
 
 
 def _write_profile(tmp_path, **changes):
-    d = yaml.safe_load(EXAMPLE.read_text())
-    for path, value in changes.items():
-        node = d
-        *parents, last = path.split("__")
-        for k in parents:
-            node = node[k]
-        node[last] = value
     p = tmp_path / "p.yaml"
-    p.write_text(yaml.safe_dump(d))
+    p.write_text(yaml.safe_dump(example_with(**changes)))
     return p
 
 

@@ -14,12 +14,10 @@ Time on a 2-core CPU: the report test ~1 min (the audit replays tests/data/cpu_r
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 

@@ -4,21 +4,13 @@ import math
 import pytest
 
 from preflight.chapters import fault_tolerance as C
-from preflight.findings import FindingSink
 from preflight.models import resilience as R
-from preflight.profile import load_profile
 
-from conftest import EXAMPLE
+from conftest import plan_findings
 
 
 def _findings(**changes):
-    prof = load_profile(EXAMPLE)
-    for path, value in changes.items():
-        section, name = path.split("__")
-        setattr(getattr(prof, section), name, value)
-    sink = FindingSink()
-    p = C.add_plan_findings(sink, prof)
-    return p, {f.id: f for f in sink.findings}
+    return plan_findings(C.add_plan_findings, **changes)
 
 
 def test_example_profile_numbers():

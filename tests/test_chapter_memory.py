@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from conftest import EXAMPLE
+from conftest import EXAMPLE, plan_findings
 from preflight.chapters import memory_plan as MP
 from preflight.findings import FindingSink
 from preflight.models import memory as M
@@ -14,13 +14,7 @@ GiB = 2 ** 30
 
 
 def _run(**changes):
-    prof = load_profile(EXAMPLE)
-    for path, value in changes.items():
-        section, name = path.split("__")
-        setattr(getattr(prof, section), name, value)
-    sink = FindingSink()
-    out = MP.add_plan_findings(sink, prof)
-    return out, {f.id: f for f in sink.findings}
+    return plan_findings(MP.add_plan_findings, **changes)
 
 
 def test_example_plan_does_not_fit_and_names_the_cheapest_fix():

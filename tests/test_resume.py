@@ -17,6 +17,25 @@ def _cmd(tmp_path, name, steps=60, every=10, *extra):
     return resume.trainloop_cmd(tmp_path / name, tmp_path / f"{name}.jsonl", steps, every, *extra)
 
 
+def test_log_tail_reads_only_appended_bytes_and_waits_for_whole_lines(tmp_path):
+    """The kill watcher's tail: steps as lines arrive, a half-written line ignored until its newline,
+    torn garbage skipped, a replaced (shorter) log read again from the start."""
+    log = tmp_path / "l.jsonl"
+    tail = resume.LogTail(log)
+    assert tail.step() == 0                                   # no log yet
+    with open(log, "ab") as f:
+        f.write(b'{"step": 1, "loss": 2.5}\n{"step": 2, "lo')
+    assert tail.step() == 1                                   # step 2 is not whole yet
+    assert tail.offset == log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(b'ss": 2.4}\n\x00\x00torn\n{"event": "save"}\n{"step": 7, "loss": 2.0}\n')
+    assert tail.step() == 7
+    assert tail.step() == 7                                   # nothing new: nothing re-read
+    log.write_bytes(b'{"step": 3, "loss": 1.0}\n')
+    assert tail.step() == 3                                   # shorter file: a new log
+    assert resume._last_step(log) == 3
+
+
 def test_in_process_resume_is_bitwise_and_each_part_matters():
     """Train 30 steps, snapshot at 17 (mid-epoch: 32 batches per epoch), continue; a fresh trainer
     loaded from the snapshot reproduces steps 18..30 exactly; leaving any part out does not."""

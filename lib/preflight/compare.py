@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from preflight.findings import VERDICT_RANK
-from preflight.report import esc, facts_table, fid, fmt_value, load_findings, page, table, verdict_badge
+from preflight.report import esc, facts_table, fid, fmt_value, page, table, verdict_badge
 
 MARKS = ("improved", "worse", "changed", "same")
 

@@ -47,24 +47,47 @@ def run_to_end(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
 
 
-def _last_step(log: Path) -> int:
-    if not log.exists():
-        return 0
-    last = 0
-    for line in log.read_text().splitlines():
+class LogTail:
+    """The highest step a growing JSON-lines loss log has reached, reading only the bytes appended
+    since the last call (the watcher polls every 2 ms; re-reading the whole log each time would cost
+    O(steps) per poll). A line still being written is kept until its newline arrives; a log that
+    shrank (replaced by a new run) is read again from the start."""
+
+    def __init__(self, log: Path):
+        self.log, self.offset, self.partial, self.last = Path(log), 0, b"", 0
+
+    def step(self) -> int:
         try:
-            last = max(last, json.loads(line).get("step", 0) if '"loss"' in line else last)
-        except ValueError:            # a line being written right now
-            pass
-    return last
+            with open(self.log, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    self.offset, self.partial, self.last = 0, b"", 0
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self.last
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in lines:
+            if b'"loss"' in line:
+                try:
+                    self.last = max(self.last, int(json.loads(line).get("step", 0)))
+                except ValueError:      # not JSON: a torn line from a killed writer
+                    pass
+        return self.last
+
+
+def _last_step(log: Path) -> int:
+    """The highest logged step, read once (see LogTail for polling)."""
+    return LogTail(log).step()
 
 
 def run_and_kill(cmd: list[str], log: Path, kill_step: int, timeout: float = TIMEOUT_S) -> dict:
     """Start ``cmd``, SIGKILL it once its log shows ``kill_step``; when and where it died."""
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
+    tail = LogTail(log)
     try:
-        while _last_step(log) < kill_step:
+        while tail.step() < kill_step:
             if proc.poll() is not None:
                 raise RuntimeError(f"the run ended before step {kill_step}: {proc.stderr.read()[-2000:]}")
             if time.monotonic() - t0 > timeout:
@@ -77,7 +100,7 @@ def run_and_kill(cmd: list[str], log: Path, kill_step: int, timeout: float = TIM
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return {"killed_after_step": _last_step(log), "t_kill": t_kill, "returncode": proc.returncode}
+    return {"killed_after_step": tail.step(), "t_kill": t_kill, "returncode": proc.returncode}
 
 
 def compare(ref, other, from_step: int = 0):
