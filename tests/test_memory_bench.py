@@ -139,3 +139,24 @@ def test_gpu_peak_quick():
     assert pk["resident_before_step_bytes"] >= pk["predicted_states_bytes"]
     assert pk["measured_peak_bytes"] >= pk["resident_before_step_bytes"]
     assert -0.05 <= pk["error"] <= 1.0 and pk["within_allowance"]
+
+
+def test_saved_tensors_counts_each_storage_once_and_leaves_model_state_out():
+    """Two views of one buffer saved by two ops: one storage, its full size; the weight a matmul
+    saves is model state and not counted; a bf16 copy of it (what autocast saves) is counted."""
+    from preflight.bench.savedtensors import SavedTensors, saver_ops
+
+    lin = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 16, requires_grad=True)
+    with SavedTensors(exclude=lin) as saved:
+        a, b = x[:, :8], x[:, 8:]            # two views of x's storage (4 x 16 fp32 = 256 bytes)
+        y = lin(a) * b                        # mm saves a (and the weight); mul saves both inputs
+        w16 = lin.weight.to(torch.bfloat16)   # a new storage, like autocast's cast
+        z = (y.to(torch.bfloat16) @ w16).sum()
+    assert x.untyped_storage().data_ptr() in saved.storages
+    assert saved.storages[x.untyped_storage().data_ptr()]["bytes"] == 4 * 16 * 4
+    assert lin.weight.untyped_storage().data_ptr() not in saved.storages
+    assert w16.untyped_storage().data_ptr() in saved.storages
+    assert saved.total_bytes == sum(r["bytes"] for r in saved.storages.values())
+    ops = saver_ops(z)
+    assert any(name.startswith("MmBackward0") for name in ops[x.untyped_storage().data_ptr()])

@@ -33,6 +33,7 @@ from preflight.bench.categories import category_table, op_table, profiler_log_fi
 from preflight.bench.ceilings import matmul_rate
 from preflight.device import default_device, device_name, launch_rank, on_device
 from preflight.bench.nvml import NvmlSampler
+from preflight.bench.savedtensors import SavedTensors
 from preflight.models.flops import mfu, train_flops_per_token
 from preflight.timing import StepTimer, synchronize
 
@@ -108,20 +109,11 @@ def count_flops(model, cfg: ref.RefConfig, x, y, device) -> dict:
 def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
     """Bytes held by the training state and by the activations autograd saves for backward.
 
-    Activations: every tensor the forward saves (``saved_tensors_hooks``), counted once per
-    storage, parameters excluded (under bf16 autocast the bf16 copies of the weights are saved
+    Activations: every tensor the forward saves (``preflight.bench.savedtensors``), counted once per
+    storage, parameters and buffers excluded (under bf16 autocast the bf16 copies of the weights are saved
     tensors too, and are counted). This is a lower bound of the peak: transient buffers, gradients
     of activations in flight and allocator overhead are not in it."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            saved[st.data_ptr()] = max(saved.get(st.data_ptr(), 0), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensors(exclude=model) as saved:
         with ref.autocast(cfg, device):
             loss = model(x, y)
     del loss
@@ -130,7 +122,7 @@ def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
     o_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                   if torch.is_tensor(t))
     return {"parameters": p_bytes, "gradients": g_bytes, "optimizer_state": o_bytes,
-            "saved_activations": sum(saved.values())}
+            "saved_activations": saved.total_bytes}
 
 
 # -------------------------------------------------------------------------------------- the loop

@@ -13,7 +13,7 @@ layer is written as it is) and counts what it really holds, term by term:
 
 2. **Activations** (Korthikanti et al. 2022, Table 2: ``sbh (34 + 5 a s / h)`` bytes per layer).
    The GPT in bfloat16 (the CPU supports it); every tensor autograd saves during one forward pass
-   is caught by ``torch.autograd.graph.saved_tensors_hooks`` and counted once per *storage* (a view
+   is caught by ``preflight.bench.savedtensors`` (``saved_tensors_hooks``) and counted once per *storage* (a view
    saved by two ops, or a slice of a larger buffer, holds the whole storage, once), parameters and
    buffers excluded (model state, not activations). Forward hooks on the layers say which part is
    running, so bytes land per layer, embedding and output; a walk of the autograd graph afterwards
@@ -63,6 +63,7 @@ from collections import defaultdict
 import torch
 
 from preflight.bench.gptref import GPT, MemConfig, config_for, count_params, make_batch, make_model
+from preflight.bench.savedtensors import SavedTensors, saver_ops
 from preflight.device import default_device, on_device
 from preflight.models import memory as mm
 from preflight.timing import synchronize
@@ -134,35 +135,6 @@ def _units(nbytes: int, shape: list[int], cfg: MemConfig) -> str:
     return f"{nbytes / unit:g} {name}"
 
 
-def _saver_ops(loss: torch.Tensor) -> dict[int, set[str]]:
-    """Walk the autograd graph from ``loss``: storage pointer -> names of the nodes that saved it."""
-    out: dict[int, set[str]] = defaultdict(set)
-    seen, todo = set(), [loss.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        name = node.name()
-        vals = []
-        for attr in dir(node):
-            if attr.startswith("_saved_"):
-                try:
-                    vals.append((attr[7:], getattr(node, attr)))
-                except Exception:  # noqa: BLE001 - an attribute that cannot be read back
-                    continue
-        try:
-            vals.extend(("saved_tensors", t) for t in (getattr(node, "saved_tensors", None) or ()))
-        except Exception:  # noqa: BLE001 - custom Function without readable saved tensors
-            pass
-        for attr, val in vals:
-            for t in (val if isinstance(val, (list, tuple)) else (val,)):
-                if torch.is_tensor(t) and t.untyped_storage().nbytes():
-                    out[t.untyped_storage().data_ptr()].add(f"{name}.{attr}")
-        todo.extend(fn for fn, _ in node.next_functions)
-    return out
-
-
 def saved_activations(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, name_ops: bool = True) -> dict:
     """Every storage autograd saves for backward during one forward pass, once each, parameters
     and buffers excluded, attributed to the part of the model that was running when it was saved
@@ -172,32 +144,22 @@ def saved_activations(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, name_ops
     reading a saved tensor inside a checkpointed region runs the region's recomputation (once per
     read, outside backward).
     """
-    excluded = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    part = ["embedding"]
+    saved = SavedTensors(exclude=model)
+    saved.part = "embedding"
     hooks = []
     for i, layer in enumerate(model.layers):
-        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: part.__setitem__(0, f"layer{i}")))
-        hooks.append(layer.register_forward_hook(lambda m, a, o: part.__setitem__(0, "output")))
-    found: dict[int, dict] = {}
-
-    def pack(t: torch.Tensor):
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if st.nbytes() and ptr not in excluded and ptr not in found:
-            found[ptr] = {"part": part[0], "bytes": int(st.nbytes()), "shape": list(t.shape),
-                          "dtype": str(t.dtype).removeprefix("torch.")}
-        return t
-
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: setattr(saved, "part", f"layer{i}")))
+        hooks.append(layer.register_forward_hook(lambda m, a, o: setattr(saved, "part", "output")))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved:
             loss = model(idx, tgt)
     finally:
         for hk in hooks:
             hk.remove()
-    ops = _saver_ops(loss) if name_ops else {}
+    ops = saver_ops(loss) if name_ops else {}
     del loss
     tensors, by_part = [], defaultdict(int)
-    for ptr, rec in found.items():
+    for ptr, rec in saved.storages.items():
         rec["ops"] = sorted(ops.get(ptr, ())) or [
             "not named (checkpointed model)" if not name_ops else "not found on the graph"]
         rec["units"] = _units(rec["bytes"], rec["shape"], model.cfg)
