@@ -70,11 +70,15 @@ def _bf16_worker(rank: int, world: int, init_file: str) -> None:
             assert not torch.equal(compressed, fp32)           # it did compress
             bound = u * (scale / world + fp32.abs()) * 1.01 + 1e-7   # 1e-7: fp16 subnormals
             assert bool(((compressed - fp32).abs() <= bound).all()), hook.__name__
-        # torch's own bf16 hook is refused without NCCL (by its name): why preflight has one
-        if not dist.is_nccl_available() or not torch.cuda.is_available():
-            net = DDP(torch.nn.Linear(4, 4))
+        # torch's own bf16 hook is refused (by its name) by a torch built without CUDA/ROCm and NCCL, whatever
+        # the backend: why preflight has one. (A CUDA build accepts it, even on gloo: torch 2.11 cu130, 2.13.)
+        built_for_nccl = (torch.version.cuda or torch.version.hip) and dist.is_nccl_available()
+        net = DDP(torch.nn.Linear(4, 4))
+        if not built_for_nccl:
             with pytest.raises(TypeError, match="BF16"):
                 net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        else:
+            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
         dist.barrier()
     finally:
         dist.destroy_process_group()

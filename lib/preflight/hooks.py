@@ -12,10 +12,11 @@ the sum is then done in 16 bits, so the averaged gradient carries 16-bit roundin
   re-exported; it works on every backend, gloo included. FP16 has 10 mantissa bits but a narrow range:
   tiny gradients underflow to zero unless the loss is scaled (``torch.amp.GradScaler``).
 - ``bf16_compress_hook``: the same cast to bfloat16 (8 mantissa bits, fp32's range: no loss scaling).
-  torch's own ``bf16_compress_hook`` is refused by ``DDP.register_comm_hook`` unless CUDA with NCCL 2.10+
-  (or XPU with XCCL) is present, and the check goes by the hook's *name*, not by what the process
-  group can do: gloo all-reduces bfloat16 tensors fine. This one does the same arithmetic under
-  another ``__name__``, so it runs on gloo (CPU) as well as on NCCL.
+  torch's own ``bf16_compress_hook`` is refused by ``DDP.register_comm_hook`` unless torch was *built*
+  with CUDA (or ROCm) and NCCL 2.10+ (or runs on XPU with XCCL). The check goes by the hook's *name* and
+  the build, not by what the process group can do: a CPU-only torch refuses it although gloo
+  all-reduces bfloat16 tensors fine (and a CUDA build accepts it even on gloo). This one does the same
+  arithmetic under another ``__name__``, so it runs on every build and backend.
 
 Expect the averaged gradients to differ from an fp32 all-reduce by about one bf16 rounding
 (relative 2**-8 = 0.4 %), and training curves to differ a little, not to diverge.
@@ -51,5 +52,5 @@ def bf16_compress_hook(process_group, bucket):
     return fut.then(decompress)
 
 
-# DDP refuses any hook named "bf16_compress_hook" without NCCL (see the module docstring).
+# DDP refuses any hook named "bf16_compress_hook" on a torch built without NCCL (see the module docstring).
 bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "bf16_compress_hook_any_backend"

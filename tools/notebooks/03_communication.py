@@ -136,8 +136,9 @@ C.add_sweep_findings(ch.findings, prof, sweep,
 # The same training loop, two ranks, in several configurations: compute alone (no communication); a
 # manual all-reduce of every gradient **after** backward (the no-overlap reference); DDP with small,
 # default (25 MB) and one huge bucket (a single bucket only starts when backward ends: no overlap);
-# fp16 and bf16 compression hooks (half the bytes; `bf16_compress_hook` needs NCCL, so the library has
-# an equivalent that runs on any backend: `preflight.hooks.bf16_compress_hook`); PowerSGD (low-rank,
+# fp16 and bf16 compression hooks (half the bytes; torch's `bf16_compress_hook` is refused by a torch
+# built without NCCL, so the library has an equivalent that runs everywhere:
+# `preflight.hooks.bf16_compress_hook`); PowerSGD (low-rank,
 # far fewer bytes, changes numerics); accumulation over 4 micro-batches with `no_sync()`
 # (communication once every 4).
 #
