@@ -12,16 +12,34 @@ WHEELHOUSE ?= wheelhouse
 # Extra pip options, e.g. offline: PIP_OPTS="--no-index --find-links wheelhouse"
 PIP_OPTS ?=
 
-.PHONY: setup report plan test lab wheelhouse clean
+.PHONY: setup setup-keep-torch report plan test lab wheelhouse clean
 
-# Installed once; re-run only when pyproject.toml changes.
+# Installed once; re-run only when pyproject.toml changes. A venv marked .keep-torch (make
+# setup-keep-torch) keeps its own torch: every other pin, then the package without dependencies.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP_OPTS) -e '.[test]'
+	if [ -e $(VENV)/.keep-torch ]; then \
+	  $(PY) tools/pins.py --without torch > $(VENV)/pins-without-torch.txt && \
+	  $(PY) -m pip install --quiet $(PIP_OPTS) -r $(VENV)/pins-without-torch.txt && \
+	  $(PY) -m pip install --quiet $(PIP_OPTS) --no-deps -e .; \
+	else \
+	  $(PY) -m pip install --quiet $(PIP_OPTS) -e '.[test]'; \
+	fi
 	$(PY) -m ipykernel install --sys-prefix --name preflight --display-name "Python (preflight)" > /dev/null
 	touch $@
 
 setup: $(VENV)/.installed
+
+## A GPU image's own torch (often 2.11): keep it. VENV= an environment that has torch, or a new one
+## made with --system-site-packages from $(PYTHON). Later set-ups of that VENV keep it too.
+setup-keep-torch:
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@$(PY) -c "import torch" 2> /dev/null || { echo "setup-keep-torch: $(PY) cannot import torch;" \
+	  "give VENV= an environment that has it, or use make setup (installs torch==2.13.0)" >&2; exit 2; }
+	touch $(VENV)/.keep-torch
+	rm -f $(VENV)/.installed
+	$(MAKE) --no-print-directory setup VENV=$(VENV)
+	@$(PY) -c "import torch, preflight; print('torch', torch.__version__, 'kept; preflight', preflight.__version__)"
 
 ## Audit the example profile with live measurements on this machine.
 report: setup
@@ -64,9 +82,7 @@ lab: setup
 ## Every wheel the project needs, for an offline install on another machine (see README).
 wheelhouse:
 	mkdir -p $(WHEELHOUSE)
-	$(PYTHON) -c "import tomllib; d=tomllib.load(open('pyproject.toml','rb'))['project']; \
-	  print('\n'.join(d['dependencies'] + d['optional-dependencies']['test'] + ['setuptools>=68', 'pip']))" \
-	  > $(WHEELHOUSE)/requirements.txt
+	$(PYTHON) tools/pins.py --build > $(WHEELHOUSE)/requirements.txt
 	$(PYTHON) -m pip download --only-binary=:all: --python-version $(WHEEL_PY) --implementation cp \
 	  --platform $(WHEEL_PLATFORM) --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt

@@ -90,3 +90,39 @@ def test_device_probe_labels_the_cpu_fallback():
     d = probe()
     if d.kind == "cpu":
         assert d.label.endswith("(CPU fallback)") and d.notes and d.count >= 1
+
+
+def _run_pins(*args):
+    import sys
+
+    return subprocess.run([sys.executable, str(REPO / "tools" / "pins.py"), *args], capture_output=True, text=True)
+
+
+def test_pins_lists_pyproject_and_leaves_out_what_is_asked():
+    py = _pyproject()
+    every = py["dependencies"] + py["optional-dependencies"]["test"]
+    r = _run_pins()
+    assert r.returncode == 0 and r.stdout.split() == every
+    r = _run_pins("--without", "Torch", "--build")
+    assert r.returncode == 0
+    assert r.stdout.split() == [x for x in every if not x.startswith("torch==")] + ["setuptools>=68", "pip"]
+    r = _run_pins("--without", "tensorflow")
+    assert r.returncode == 2 and "--without tensorflow" in r.stderr and "accepted: torch" in r.stderr
+    assert r.stdout == ""
+
+
+def test_setup_keep_torch_refuses_an_environment_without_torch(tmp_path):
+    """The guard runs before anything is installed: exit 2, a message naming the fix, no marker."""
+    import sys
+
+    import pytest
+
+    base = getattr(sys, "_base_executable", sys.executable)      # the interpreter that made .venv
+    if subprocess.run([base, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{base} has torch: the refusal cannot be shown with it")
+    venv = tmp_path / "v"
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "setup-keep-torch", f"VENV={venv}",
+                        f"PYTHON={base}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot import torch" in r.stderr and "make setup" in r.stderr
+    assert not (venv / ".keep-torch").exists() and not (venv / ".installed").exists()
