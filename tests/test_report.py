@@ -194,3 +194,24 @@ def test_user_strings_are_escaped_everywhere(tmp_path, plan, data):
     assert "&lt;script&gt;alert(&#x27;notes&#x27;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in html
     assert "<title>Preflight audit: &lt;img src=x onerror=alert(1)&gt;</title>" in html
     assert "<h1>Preflight audit: &lt;img src=x onerror=alert(1)&gt;</h1>" in html
+
+
+def test_a_chapter_page_that_cannot_render_does_not_stop_the_report(tmp_path, plan, monkeypatch):
+    """nbconvert broken on this machine (templates missing, as with pip --target and no JUPYTER_PATH):
+    each chapter page says so and links its executed notebook; the index is written as usual."""
+    out = tmp_path / "norender"
+    shutil.copytree(plan, out)
+    for p in [out / "index.html", *out.glob("0[1-5]_*.html")]:
+        p.unlink()
+
+    def broken(notebook, title):
+        raise ValueError("No template sub-directory with name 'basic' found <in> these paths")
+
+    monkeypatch.setattr(report, "chapter_html", broken)
+    report.write_report(None, out)
+    assert (out / "index.html").is_file()
+    pages = sorted(out.glob("0[1-5]_*.html"))
+    assert len(pages) == 5
+    html = pages[0].read_text()
+    assert "could not be rendered (ValueError: No template sub-directory" in html
+    assert "&lt;in&gt;" in html and "href='notebooks/01_baseline.ipynb'" in html

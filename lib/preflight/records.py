@@ -19,7 +19,9 @@ from pathlib import Path
 
 def versions() -> dict:
     """Python and key library versions (torch only if already imported or importable)."""
-    out = {"python": platform.python_version(), "preflight": _version("hpc-preflight")}
+    from preflight import __version__
+
+    out = {"python": platform.python_version(), "preflight": __version__}    # also when not pip-installed
     for mod in ("torch", "numpy", "pandas"):
         out[mod] = _version(mod)
     try:

@@ -296,7 +296,15 @@ def write_report(summary: dict | None, out_dir: Path) -> Path:
     for c in data["chapters"]:
         nb = out_dir / c["notebook"]
         if nb.exists():
-            _write_atomic(out_dir / chapter_page(c), chapter_html(nb, c["title"]))
+            try:
+                html = chapter_html(nb, c["title"])
+            except Exception as err:  # noqa: BLE001 - e.g. nbconvert's templates missing: keep the audit
+                html = page(c["title"], (
+                    "<p class='meta'><a href='index.html'>&larr; audit summary</a></p>"
+                    f"<p>This page could not be rendered ({esc(type(err).__name__)}: {esc(str(err)[:300])}). "
+                    f"The chapter ran: its findings are in the summary, its outputs in the executed notebook "
+                    f"<a href='{esc(c['notebook'])}'>{esc(c['notebook'])}</a>.</p>"))
+            _write_atomic(out_dir / chapter_page(c), html)
     index = out_dir / "index.html"
     _write_atomic(index, index_html(data, out_dir))      # last: its presence means the report is complete
     return index
