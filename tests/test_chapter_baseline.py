@@ -70,6 +70,22 @@ def test_gpu_results_are_judged():
     assert f["baseline/fusion_speedup"].value is None
 
 
+def test_gpu_profile_without_op_time_is_not_a_pass():
+    """A sandboxed GPU without CUPTI: the profiler runs but sees no kernels. The share is unknown,
+    not 0 % (which would pass), and the fusion line says n/a instead of nan %."""
+    rec = load_records(RECORDS, "baseline")[-1]
+    reason = "torch.profiler recorded no op time (no CUDA kernel events: CUPTI unavailable here?)"
+    r = dict(rec["results"], device="cuda:0", memory_bound_share=None,
+             profile={"available": False, "reason": reason})
+    fus = dict(_measured("fusion").results, memory_bound_share_eager=None, memory_bound_share_compiled=None)
+    sink = FindingSink()
+    B.add_measured_findings(sink, Measured(r, "measured on GPU"), Measured(fus, "measured on GPU"))
+    f = _ids(sink)
+    assert f["baseline/memory_bound_share"].value is None and f["baseline/memory_bound_share"].verdict == "info"
+    assert "CUPTI" in f["baseline/memory_bound_share"].message
+    assert "memory-bound share n/a -> n/a" in f["baseline/fusion_speedup"].message
+
+
 def test_measured_serial_parallel_split():
     comp = [{"phase": "data_wait", "seconds": 0.01}, {"phase": "forward", "seconds": 0.03},
             {"phase": "backward", "seconds": 0.06}, {"phase": "optimizer", "seconds": 0.02},

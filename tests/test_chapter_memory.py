@@ -97,3 +97,15 @@ def test_bubble_memory_table_gpipe_grows_1f1b_does_not():
     assert g[32] > 7 * g[4] and o[32] == pytest.approx(o[4])
     assert all(math.isclose(b, (4 - 1) / (m + 4 - 1)) for b, m in
                zip(bm.loc[bm["schedule"] == "1f1b", "bubble"], bm.loc[bm["schedule"] == "1f1b", "m"]))
+
+
+def test_auto_capacity_reads_the_device_in_decimal_gb():
+    """gpu: auto takes this machine's memory; DeviceInfo.memory_GB is bytes / 1e9, not GiB."""
+    from types import SimpleNamespace
+
+    from conftest import example_with
+    from preflight.profile import parse_profile
+
+    prof = parse_profile(example_with(cluster__gpu="auto"))
+    cap, src = MP.capacity_bytes(prof, SimpleNamespace(memory_GB=150.1, label="NVIDIA H200"))
+    assert cap == pytest.approx(150.1e9) and "NVIDIA H200" in src

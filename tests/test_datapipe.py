@@ -79,6 +79,10 @@ def test_grid_and_best_setting():
     assert all(s["pin_memory"] is False for s in g)
     assert max(s["num_workers"] for s in g) == 2
     assert any(s["pin_memory"] for s in loadtune.grid(16, gpu=True))
+    # 16 cores, 3 shards: more than 3 workers would sit idle (whole shards per worker)
+    capped = loadtune.grid(16, gpu=True, max_workers=3)
+    assert sorted({s["num_workers"] for s in capped}) == [0, 1, 2, 3]
+    assert len(capped) == 1 * 2 + 3 * 2 * 2          # w=0: one prefetch; GPU: prefetch 2, 4 x pin on/off
     rows = [{"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "idle_share": 0.004},
             {"num_workers": 1, "prefetch_factor": 8, "pin_memory": False, "idle_share": 0.012},
             {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "idle_share": 0.3}]

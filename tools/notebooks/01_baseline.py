@@ -217,9 +217,14 @@ if ch.results_dir and curve_measured:
 elif ch.measure:
     from preflight.bench import scaling as bench_scaling
     import os
-    stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
-    stages = bench_scaling.run_stages(out=stage_dir, quick=ch.quick)
-    ch.table(stages)
+    n_max, unit = bench_scaling.max_processes()
+    if n_max < 2:                  # e.g. one GPU: NCCL takes one rank per GPU
+        print(f"Only {n_max} {unit} here: a scaling stage needs 2. Measure the stages on your cluster "
+              "(slurm/scaling_stages.sbatch) and pass them with --results.")
+    else:
+        stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
+        stages = bench_scaling.run_stages(out=stage_dir, quick=ch.quick)
+        ch.table(stages)
 B.add_measured_scaling(ch.findings, stages, stages_source,
                        judged=stages is not None and not str(stages["unit"].iloc[0]).startswith("processes"))
 ch.table(curve)

@@ -178,7 +178,8 @@ from preflight.bench import loadtune
 
 def measure_tune():
     c = pipe.results["consume"]
-    settings = loadtune.grid(os.cpu_count(), ch.device.is_gpu, quick=ch.quick)
+    settings = loadtune.grid(len(os.sched_getaffinity(0)), ch.device.is_gpu, quick=ch.quick,
+                             max_workers=pipe.results["dataset"]["shard_count"])
     shard_dir = dataset()["shards"]
     res = loadtune.sweep(shard_dir, ch.torch_device, batch, c["step_s"], settings, steps=12 if ch.quick else 40)
     res["traces"] = loadtune.traces(shard_dir, ch.torch_device, batch, c["step_s"],

@@ -151,22 +151,21 @@ else:
 from preflight.bench import pipeline as bench_pipeline
 
 def measure_bubbles():
-    import os
-    cores = len(os.sched_getaffinity(0))
     if ch.quick:
         runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True).assign(requested="1f1b")]
     else:
         runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
                 bench_pipeline.measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
                 bench_pipeline.measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b")]
-    rows = pd.concat(runs, ignore_index=True)
-    rows["oversubscribed"] = ~ch.device.is_gpu & (rows["p"] > cores)
-    return {"rows": rows.to_dict("records")}
+    return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
 
 bub = ch.measurement("pipeline_bubble", measure_bubbles)
 if bub:
     br = pd.DataFrame(bub.results["rows"])
     print(bub.source)
+    if ch.device.is_gpu and "ranks on" in br and (br["ranks on"] == "cpu").any():
+        print("Fewer GPUs than pipeline ranks: those runs put every rank on the CPU (gloo); NCCL needs one GPU "
+              "per rank. Run this measurement on a node with p GPUs for GPU numbers.")
     ch.table(br)
     sched = br["requested"] if "requested" in br else br["schedule"]
     long = pd.concat([br.assign(curve="measured " + sched + ", p=" + br["p"].astype(str))[["m", "curve"]]
@@ -188,7 +187,7 @@ if bub:
 # %%
 def measure_partition():
     p, m = 2, 8
-    layers = bench_pipeline.layer_times(ch.torch_device, quick=ch.quick)
+    layers = bench_pipeline.layer_times(bench_pipeline.stage_device(p), quick=ch.quick)   # where the stages run
     times = [x["time_s"] for x in layers]
     by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
     runs = {}

@@ -260,6 +260,9 @@ def _profile(model, opt, batches, cfg, dev, n: int):
         ops = op_table(prof, dev)
     except RuntimeError as err:        # e.g. CUPTI missing: keep the rest of the baseline
         return {"available": False, "reason": f"torch.profiler failed: {err}"}, None
+    if not len(ops):                   # CUPTI refused (e.g. a sandboxed GPU): kineto only logs it
+        return {"available": False, "reason": "torch.profiler recorded no op time" + (
+            " (no CUDA kernel events: CUPTI unavailable here?)" if gpu else "")}, None
     busy = float(ops["time_s"].sum())
     return {"available": True, "steps": n, "wall_s": wall, "op_time_s": busy, "coverage": busy / wall,
             "time_basis": ("self device (kernel) time; 1 - coverage ~ device idle" if gpu else

@@ -48,7 +48,8 @@ def torchrun_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, nproc: int, 
 
 
 def _run(cmd: list[str], timeout: float = TIMEOUT_S) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1",
+               CUDA_VISIBLE_DEVICES="")      # CPU ranks (gloo): no CUDA start-up inside the recovery time
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

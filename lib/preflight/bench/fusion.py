@@ -154,7 +154,7 @@ def category_breakdown(prof, device, steps: int) -> dict:
     top = ops.groupby(["op", "category"], as_index=False)["time_s"].sum()
     top = top.sort_values("time_s", ascending=False).head(10)
     return {"seconds": seconds,
-            "memory_bound_share": seconds["memory_bound"] / total if total > 0 else float("nan"),
+            "memory_bound_share": seconds["memory_bound"] / total if total > 0 else None,   # None: no op time
             "top_ops": [{"op": o, "category": c, "seconds": float(t)}
                         for o, c, t in zip(top["op"], top["category"], top["time_s"])]}
 

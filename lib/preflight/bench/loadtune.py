@@ -28,12 +28,15 @@ from preflight.models import data as M
 SKIP_STEPS = 2          # worker start-up lands in the first steps: not part of the steady state
 
 
-def grid(cores: int, gpu: bool, quick: bool = False) -> list[dict]:
-    """The settings to sweep: workers 0 and up to the cores; prefetch 2 (PyTorch's default), 4, 8
-    (quick: 2, 4); pin_memory only where there is a device to copy to."""
-    workers = sorted({0, 1, 2, *M.recommended_workers(cores), cores} if cores <= 4 else
-                     {0, 1, 2, 4, *M.recommended_workers(cores), cores})
-    prefetch = (2, 4) if quick else (2, 4, 8)
+def grid(cores: int, gpu: bool, quick: bool = False, max_workers: int | None = None) -> list[dict]:
+    """The settings to sweep: workers 0 and up to the cores, but not beyond ``max_workers`` (the
+    shard count: webdataset hands each worker whole shards, so extra workers sit idle); prefetch 2
+    (PyTorch's default), 4, 8 (quick, or on a GPU where pin_memory doubles the grid: 2, 4);
+    pin_memory only where there is a device to copy to."""
+    top = max(1, min(cores, max_workers)) if max_workers else cores
+    workers = sorted({min(w, top) for w in ({0, 1, 2, *M.recommended_workers(cores), cores} if cores <= 4 else
+                                            {0, 1, 2, 4, *M.recommended_workers(cores), cores})})
+    prefetch = (2, 4) if quick or gpu else (2, 4, 8)
     pins = (False, True) if gpu else (False,)
     out = []
     for w, pf, pin in itertools.product(workers, prefetch, pins):

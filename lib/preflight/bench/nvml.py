@@ -123,7 +123,10 @@ class NvmlSampler:
             self._sample()                                # and one at the end
             self._thread = None
         if self._nvml is not None:
-            self._nvml.nvmlShutdown()
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - a failed shutdown must not discard the measurement
+                pass
             self._nvml = None
         return False
 

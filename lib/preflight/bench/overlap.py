@@ -225,21 +225,11 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.scaling import dist_env
+    from preflight.bench.scaling import init_distributed
     from preflight.records import make_record, save_record
 
-    de = dist_env()
-    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("master_addr", "MASTER_ADDR"),
-                     ("master_port", "MASTER_PORT")):
-        os.environ.setdefault(var, str(de[key]))
-    # a GPU per local rank, else the CPU (a 1-GPU box cannot host 2 NCCL ranks on one device)
-    gpu = mode == "real" and torch.cuda.is_available() and torch.cuda.device_count() >= de["local_world_size"]
-    device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count()) if gpu else torch.device("cpu")
-    kw = {"device_id": device} if gpu else {}
-    if gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=de["rank"], world_size=de["world_size"],
-                            timeout=datetime.timedelta(seconds=120), **kw)
+    # real mode: a GPU per local rank, else the CPU (init_distributed); emulated mode: always the CPU
+    de, device = init_distributed(use_gpu=mode == "real", timeout=datetime.timedelta(seconds=120))
     world, backend = de["world_size"], dist.get_backend()
     setup = SETUPS["real-quick" if mode == "real" and quick else mode]
     try:

@@ -38,6 +38,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from preflight.bench import exit_worker
+from preflight.timing import synchronize
 
 METHOD, METHOD_VERSION = "pipeline", 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -77,6 +78,15 @@ def balanced_layers(quick: bool = False) -> list:
     d = BALANCED[quick]["d"]
     return [(f"mlp{i}", nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)))
             for i in range(BALANCED[quick]["blocks"])]
+
+
+def stage_device(p: int):
+    """Where ``p`` pipeline ranks run on this machine (``scaling.init_distributed``'s rule): a GPU
+    each when there are ``p`` GPUs, else the CPU (NCCL refuses two ranks on one GPU)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.device("cuda", 0) if gpus >= p else torch.device("cpu")
 
 
 def layer_times(device="cpu", batch: int = 4, seq: int | None = None, quick: bool = False) -> list[dict]:
@@ -122,13 +132,16 @@ def check_partition(boundaries, n_layers: int, n_stages: int) -> list[int]:
 
 # --- the worker ---------------------------------------------------------------------------------------
 
-def _timed(fn, clock: list):
-    """``fn``, adding its own duration to ``clock[0]``."""
+def _timed(fn, clock: list, device):
+    """``fn``, adding its own duration to ``clock[0]``. On a GPU the device is synchronised at both
+    ends: a kernel launch returns at once, and busy time must be the kernels' time, not the launches'."""
     def wrapper(*args, **kwargs):
+        synchronize(device)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
+            synchronize(device)
             clock[0] += time.perf_counter() - t0
     return wrapper
 
@@ -145,13 +158,13 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
     if not partition:                          # even split; check_partition refuses a remainder
         partition = list(range(0, len(layers), max(1, len(layers) // n_stages)))
     bounds, mb = [*check_partition(partition, len(layers), n_stages), len(layers)], sizes["mb"]
-    if "vocab" in sizes:
-        x, target = (torch.randint(0, sizes["vocab"], (m * mb, sizes["seq"])) for _ in range(2))
-        example = lambda i: x[:mb] if i == 0 else torch.zeros(mb, sizes["seq"], sizes["d"])
+    if "vocab" in sizes:                       # inputs on the stage's device: pipelining does not move them
+        x, target = (torch.randint(0, sizes["vocab"], (m * mb, sizes["seq"]), device=device) for _ in range(2))
+        example = lambda i: x[:mb] if i == 0 else torch.zeros(mb, sizes["seq"], sizes["d"], device=device)
         loss = lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
     else:
-        x, target = torch.randn(m * mb, sizes["d"]), torch.randn(m * mb, sizes["d"])
-        example = lambda i: torch.zeros(mb, sizes["d"])
+        x, target = torch.randn(m * mb, sizes["d"], device=device), torch.randn(m * mb, sizes["d"], device=device)
+        example = lambda i: torch.zeros(mb, sizes["d"], device=device)
         loss = nn.functional.mse_loss
     clock, stages, placement = [0.0], [], []
     stage_ids = [rank + k * p for k in range(v)]             # v non-adjacent stages on this rank
@@ -159,15 +172,15 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
         part = layers[bounds[i]:bounds[i + 1]]
         stage = pp.PipelineStage(nn.Sequential(*[mod for _, mod in part]).to(device), i, n_stages, device,
                                  input_args=example(i))
-        stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock)
-        stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock)
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock, device)
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock, device)
         stages.append(stage)
         placement.append({"stage": i, "rank": rank, "layers": [name for name, _ in part]})
     notes = []
     if schedule == "1f1b" and m < n_stages:
         schedule = "gpipe"
         notes.append(f"1F1B needs m >= stages (torch raises); m={m} ran GPipe, whose bubble is the same")
-    loss_fn = _timed(loss, clock)
+    loss_fn = _timed(loss, clock, device)
     if schedule == "interleaved":
         sched = pp.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
     else:
@@ -179,8 +192,10 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
         dist.barrier()
         clock[0], t0 = 0.0, time.perf_counter()
         sched.step(*([x] if first else []), target=target if last else None)
+        synchronize(device)
         own = time.perf_counter() - t0              # this rank's part done
         dist.barrier()
+        synchronize(device)
         step = time.perf_counter() - t0             # the pipeline's step: every rank done
         if k >= WARMUP_STEPS:
             samples.append((step, own, clock[0]))
@@ -231,7 +246,8 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
                        "straggler": {"step_s_per_rank": [r["own_step_s"] for r in rows],
                                      "busy_s_per_rank": busy, "slowest_rank": slowest["rank"],
                                      "excess": slowest["busy_s"] / statistics.median(busy) - 1},
-                       "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0]}
+                       "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0],
+                       "device_kind": device.type, "backend": dist.get_backend()}
             params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
                       "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
                       "sizes": (HETERO if partition else BALANCED)[quick]}
@@ -276,9 +292,9 @@ def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: b
     for m in ms:
         bubble_formula(p, m, v)             # refuses a bad (p, m, v) before any process starts
     records = [_launch(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
-    cols = ("schedule", "measured_bubble", "formula", "error", "step_s")
-    df = pd.DataFrame([{"p": p, "m": r["results"]["microbatches"], "v": v, **{k: r["results"][k] for k in cols}}
-                       for r in records])
+    cols = ("schedule", "measured_bubble", "formula", "error", "step_s", "oversubscribed")
+    df = pd.DataFrame([{"p": p, "m": r["results"]["microbatches"], "v": v, **{k: r["results"][k] for k in cols},
+                        "ranks on": r["results"].get("device_kind", "?")} for r in records])
     df.attrs["records"] = records
     return df
 

@@ -97,11 +97,12 @@ def dist_env(environ: dict | None = None) -> dict:
             "launcher": "single"}
 
 
-def init_distributed(**kw):
+def init_distributed(use_gpu: bool = True, **kw):
     """Join the process group from the launcher's environment: (dist_env dict, this rank's device).
 
-    NCCL on ``cuda:LOCAL_RANK`` when there are GPUs, gloo on the CPU. ``kw`` goes to
-    ``init_process_group`` (e.g. ``timeout``)."""
+    NCCL on ``cuda:LOCAL_RANK`` when this node has a GPU for every local rank; otherwise gloo on the
+    CPU (NCCL refuses two ranks on one GPU: "Duplicate GPU detected"), and ``use_gpu=False`` asks for
+    the CPU outright. ``kw`` goes to ``init_process_group`` (e.g. ``timeout``)."""
     import torch
     import torch.distributed as dist
 
@@ -109,8 +110,8 @@ def init_distributed(**kw):
     for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
                      ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
         os.environ.setdefault(var, str(de[key]))     # srun / single: what init_process_group reads
-    if torch.cuda.is_available():
-        device = torch.device("cuda", de["local_rank"] % torch.cuda.device_count())
+    if use_gpu and torch.cuda.is_available() and torch.cuda.device_count() >= de["local_world_size"]:
+        device = torch.device("cuda", de["local_rank"])
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device, **kw)
     else:

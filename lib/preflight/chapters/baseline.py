@@ -146,12 +146,16 @@ def add_measured_findings(sink: FindingSink, base, fusion,
         v, words = judge(share_mb, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")
         if on_cpu:
             v, words = "info", CPU_NOT_JUDGED + words
-        sink.add(id="baseline/memory_bound_share", value=share_mb, unit="fraction", verdict=v, threshold=words,
-                 message=("Share of step time in memory-bound ops (elementwise, norms, activations, softmax, "
-                          "copies) by torch.profiler self time. More GPUs do not speed these up."
-                          + (" On a CPU the op mix differs from a GPU's (vectorised, cache-resident "
-                             "elementwise ops; slower matmuls)." if on_cpu else "")),
-                 fix=fix_mb, source=src)
+        if share_mb is None:           # the profiler ran but saw no op time (e.g. no CUPTI): not a pass
+            sink.not_measured("baseline/memory_bound_share", "fraction", mb_words, fix_mb,
+                              (r.get("profile") or {}).get("reason", "torch.profiler recorded no op time"))
+        else:
+            sink.add(id="baseline/memory_bound_share", value=share_mb, unit="fraction", verdict=v, threshold=words,
+                     message=("Share of step time in memory-bound ops (elementwise, norms, activations, softmax, "
+                              "copies) by torch.profiler self time. More GPUs do not speed these up."
+                              + (" On a CPU the op mix differs from a GPU's (vectorised, cache-resident "
+                                 "elementwise ops; slower matmuls)." if on_cpu else "")),
+                     fix=fix_mb, source=src)
     if fusion is None or not fusion.results.get("available"):
         why = why_missing if fusion is None else f"torch.compile unavailable ({fusion.results.get('reason')})"
         sink.not_measured("baseline/fusion_speedup", "x", "recorded for reference", fix_mb, why)
@@ -161,9 +165,9 @@ def add_measured_findings(sink: FindingSink, base, fusion,
                  threshold="recorded for reference (> 1 means fusion pays)",
                  message=(f"A Linear-GELU-add-LayerNorm block, forward+backward: eager "
                           f"{f['eager_fwd_bwd_s'] * 1e3:.2f} ms, torch.compile {f['compiled_fwd_bwd_s'] * 1e3:.2f} ms; "
-                          f"memory-bound share {f['memory_bound_share_eager']:.0%} -> "
-                          + (f"{f['memory_bound_share_compiled']:.0%}" if f['memory_bound_share_compiled']
-                             is not None else "n/a") + "."),
+                          "memory-bound share " + " -> ".join(
+                              "n/a" if x is None else f"{x:.0%}"
+                              for x in (f["memory_bound_share_eager"], f["memory_bound_share_compiled"])) + "."),
                  fix="Compile (or use fused kernels) before scaling out: fusion removes memory traffic that "
                      "more GPUs would only replicate.", source=fusion.source)
 

@@ -35,14 +35,15 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
 
 def capacity_bytes(profile: Profile, device=None) -> tuple[float | None, str]:
     """Memory of one GPU in bytes and where the figure comes from. Marketed "80GB" HBM is 80 GiB, so
-    the table's and the profile's GB are read as GiB; ``auto`` takes this machine's device."""
+    the table's and the profile's GB are read as GiB; ``auto`` takes this machine's device, whose
+    ``memory_GB`` is torch's exact byte count / 1e9 (decimal GB)."""
     c = profile.cluster
     if c.gpu_memory_GB:
         return c.gpu_memory_GB * GiB, "cluster.gpu_memory_GB"
     if c.gpu != "auto":
         return CHIPS[c.gpu].memory_GB * GiB, f"{c.gpu} in the hardware table"
     if device is not None and device.memory_GB:
-        return device.memory_GB * GiB, f"this machine ({device.label})"
+        return device.memory_GB * 1e9, f"this machine ({device.label})"
     return None, "unknown (gpu: auto without a device)"
 
 
