@@ -33,7 +33,7 @@ def test_log_tail_reads_only_appended_bytes_and_waits_for_whole_lines(tmp_path):
     assert tail.step() == 7                                   # nothing new: nothing re-read
     log.write_bytes(b'{"step": 3, "loss": 1.0}\n')
     assert tail.step() == 3                                   # shorter file: a new log
-    assert resume._last_step(log) == 3
+    assert resume.LogTail(log).step() == 3                     # a fresh tail reads it whole
 
 
 def test_in_process_resume_is_bitwise_and_each_part_matters():
@@ -78,7 +78,8 @@ def test_stop_file_and_sigusr1_checkpoint_and_exit_cleanly(tmp_path):
     ck = tmp_path / "ck"
     proc = subprocess.Popen(_cmd(tmp_path, "ck", 400, 50, "--step-sleep", "0.02"), env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.monotonic() + 60
-    while resume._last_step(tmp_path / "ck.jsonl") < 15:
+    tail = resume.LogTail(tmp_path / "ck.jsonl")
+    while tail.step() < 15:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.01)
     (ck / "STOP").touch()
@@ -90,7 +91,8 @@ def test_stop_file_and_sigusr1_checkpoint_and_exit_cleanly(tmp_path):
     (ck / "STOP").unlink()
     # SIGUSR1, as Slurm's --signal=USR1@<s> sends to job steps
     proc = subprocess.Popen(_cmd(tmp_path, "ck", 400, 50, "--step-sleep", "0.02"), env=dict(os.environ, OMP_NUM_THREADS="1"))
-    while resume._last_step(tmp_path / "ck.jsonl") < int(stopped["step"]) + 10:
+    tail = resume.LogTail(tmp_path / "ck.jsonl")              # the resumed run's log, from the start
+    while tail.step() < int(stopped["step"]) + 10:
         assert time.monotonic() < deadline + 60 and proc.poll() is None
         time.sleep(0.01)
     proc.send_signal(signal.SIGUSR1)

@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-_ID = re.compile(r"^[a-z][a-z0-9_]*/[a-z0-9_]+$")     # as in schema/findings.schema.json
+SCHEMA_PATH = Path(__file__).with_name("schema") / "findings.schema.json"
+# a finding id's pattern has one home: the published schema
+_ID = re.compile(json.loads(SCHEMA_PATH.read_text())["$defs"]["finding"]["properties"]["id"]["pattern"])
 Verdict = Literal["pass", "warn", "fail", "info", "error"]
 VERDICT_RANK = {"info": 0, "pass": 1, "warn": 2, "fail": 3, "error": 4}
 

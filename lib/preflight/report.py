@@ -21,10 +21,9 @@ import os
 import re
 from pathlib import Path
 
-from preflight.findings import VERDICT_RANK
+from preflight.findings import SCHEMA_PATH, VERDICT_RANK
 
 SCHEMA_TAG = "preflight-findings/1"
-SCHEMA_PATH = Path(__file__).with_name("schema") / "findings.schema.json"
 
 
 class FindingsError(ValueError):

@@ -78,11 +78,6 @@ class LogTail:
         return self.last
 
 
-def _last_step(log: Path) -> int:
-    """The highest logged step, read once (see LogTail for polling)."""
-    return LogTail(log).step()
-
-
 def run_and_kill(cmd: list[str], log: Path, kill_step: int, timeout: float = TIMEOUT_S) -> dict:
     """Start ``cmd``, SIGKILL it once its log shows ``kill_step``; when and where it died."""
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
