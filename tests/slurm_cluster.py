@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from preflight.bench.launch import free_ports
+
 SKIP_REASON = ("Slurm tests need root and Debian's slurmctld slurmd slurm-client munge: run `make test` "
                "as root (it installs them) or apt-get install them")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
@@ -53,20 +55,6 @@ def missing() -> str | None:
     if absent:
         return SKIP_REASON + f" (missing: {' '.join(absent)})"
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (kept bound together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _tail(path: Path, n: int = 30) -> str:
@@ -96,7 +84,7 @@ class SlurmCluster:
         self.log_dir = self.root / "log"
         self.run_dir = self.root / "run"
         self.jobcomp = self.root / "jobcomp.log"
-        self.ctld_port, self.slurmd_port = _free_ports(2)
+        self.ctld_port, self.slurmd_port = free_ports(2)
         self.env = dict(os.environ)
         self.env["PATH"] = os.pathsep.join([self.env.get("PATH", ""), *_SBIN])
         self.env["SLURM_CONF"] = str(self.conf)

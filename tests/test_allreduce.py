@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from preflight.bench import allreduce, scaling
+from preflight.bench import allreduce
+from preflight.bench.launch import max_processes
 from preflight.models.comm import (
     busbw_factor,
     fit_alpha_beta,
@@ -98,7 +99,7 @@ def test_run_sweep_two_processes(quick_sweep):
     assert ((df["p10_s"] <= df["time_s"]) & (df["time_s"] <= df["p90_s"])).all()
     assert df["time_s"].iloc[-1] > df["time_s"].iloc[0]
     rec = df.attrs["record"]
-    assert rec["method"] == "allreduce" and rec["method_version"] == allreduce.METHOD_VERSION
+    assert rec["method"] == "allreduce" and rec["method_version"] == allreduce.METHOD.version
     assert rec["device"]["name"] and rec["versions"]["torch"]
     res = rec["results"]
     assert (res["world_size"], res["nodes"], res["launcher"]) == (2, 1, "torchrun")
@@ -145,7 +146,7 @@ def test_cli_rejects_bad_arguments(args, names, tmp_path):
 
 
 def test_run_sweep_refuses_more_processes_than_cores():
-    limit, _ = scaling.max_processes()
+    limit, _ = max_processes()
     with pytest.raises(ValueError, match=f"at most|1 to {limit}"):
         allreduce.run_sweep(nproc=limit + 1)
     with pytest.raises(ValueError):

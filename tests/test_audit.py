@@ -15,17 +15,17 @@ CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "basel
            "baseline/scaling_efficiency_at_target", "baseline/memory_per_gpu", "baseline/memory_weights",
            "baseline/memory_grads", "baseline/memory_optimizer", "baseline/memory_activations", "baseline/memory_fits",
            "baseline/memory_model_error"}
-CH2_IDS = {"data/small_file_slowdown", "data/listing_s_at_profile", "data/headroom", "data/headroom_default",
-           "data/best_loader_setting", "data/h2d_pinned_speedup", "data/instrumentation_overhead"}
-CH3_IDS = {"comm/allreduce_bytes_per_rank", "comm/allreduce_s", "comm/comm_compute_ratio", "comm/efficiency_no_overlap",
-           "comm/efficiency_full_overlap", "comm/measured_busbw", "comm/alpha_beta_fit_error", "comm/overlap_saving",
-           "comm/bf16_saving", "comm/topology"}
-CH4_IDS = {"balance/padding_waste", "balance/bucketing_speedup", "balance/bubble_fraction", "balance/bubble_over_ideal",
-           "balance/measured_bubble", "balance/partition_gain"}
+CH2_IDS = {"data_pipeline/small_file_slowdown", "data_pipeline/listing_s_at_profile", "data_pipeline/headroom", "data_pipeline/headroom_default",
+           "data_pipeline/best_loader_setting", "data_pipeline/h2d_pinned_speedup", "data_pipeline/instrumentation_overhead"}
+CH3_IDS = {"communication/allreduce_bytes_per_rank", "communication/allreduce_s", "communication/comm_compute_ratio", "communication/efficiency_no_overlap",
+           "communication/efficiency_full_overlap", "communication/measured_busbw", "communication/alpha_beta_fit_error", "communication/overlap_saving",
+           "communication/bf16_saving", "communication/topology"}
+CH4_IDS = {"load_balance/padding_waste", "load_balance/bucketing_speedup", "load_balance/bubble_fraction", "load_balance/bubble_over_ideal",
+           "load_balance/measured_bubble", "load_balance/partition_gain"}
 
-CH5_IDS = {"resilience/failure_prob_day", "resilience/failure_prob_run", "resilience/mtbf_h",
-           "resilience/checkpoint_interval_s", "resilience/expected_waste", "resilience/walltime_fit",
-           "resilience/resume_bitwise", "resilience/async_stall_ratio", "resilience/elastic_recovery_s"}
+CH5_IDS = {"fault_tolerance/failure_prob_day", "fault_tolerance/failure_prob_run", "fault_tolerance/mtbf_h",
+           "fault_tolerance/checkpoint_interval_s", "fault_tolerance/expected_waste", "fault_tolerance/walltime_fit",
+           "fault_tolerance/resume_bitwise", "fault_tolerance/async_stall_ratio", "fault_tolerance/elastic_recovery_s"}
 
 
 def _summary(out):
@@ -89,24 +89,24 @@ def test_plan_only_audit(tmp_path):
     assert f["baseline/mfu"]["value"] is None and f["baseline/mfu"]["verdict"] == "info"
     # chapter 2 still gives the listing estimate from the profile: 10 M files x 0.5 ms on Lustre
     assert CH2_IDS <= set(f)
-    assert f["data/listing_s_at_profile"]["value"] == pytest.approx(5000.0)
-    assert f["data/listing_s_at_profile"]["verdict"] == "fail"
-    assert f["data/headroom"]["value"] is None
+    assert f["data_pipeline/listing_s_at_profile"]["value"] == pytest.approx(5000.0)
+    assert f["data_pipeline/listing_s_at_profile"]["verdict"] == "fail"
+    assert f["data_pipeline/headroom"]["value"] is None
     # chapter 3: the field report's 56 GB and > 2 s per step, from the profile alone
     assert CH3_IDS <= set(f)
-    assert 55e9 < f["comm/allreduce_bytes_per_rank"]["value"] < 57e9
-    assert f["comm/allreduce_s"]["value"] > 2 and f["comm/comm_compute_ratio"]["verdict"] == "fail"
-    assert f["comm/measured_busbw"]["value"] is None
+    assert 55e9 < f["communication/allreduce_bytes_per_rank"]["value"] < 57e9
+    assert f["communication/allreduce_s"]["value"] > 2 and f["communication/comm_compute_ratio"]["verdict"] == "fail"
+    assert f["communication/measured_busbw"]["value"] is None
     # chapter 4: padding of the profile's lognormal lengths, no pipeline in the example (pp=1)
     assert CH4_IDS <= set(f)
-    assert f["balance/padding_waste"]["value"] > 0.3 and f["balance/padding_waste"]["verdict"] == "fail"
-    assert f["balance/bubble_fraction"]["value"] == 0 and f["balance/bubble_fraction"]["verdict"] == "pass"
-    assert f["balance/measured_bubble"]["value"] is None
+    assert f["load_balance/padding_waste"]["value"] > 0.3 and f["load_balance/padding_waste"]["verdict"] == "fail"
+    assert f["load_balance/bubble_fraction"]["value"] == 0 and f["load_balance/bubble_fraction"]["verdict"] == "pass"
+    assert f["load_balance/measured_bubble"]["value"] is None
     # chapter 5: 128 nodes at 1e-4 per node-day, the plan's 3 h interval against a 48 h walltime
     assert CH5_IDS <= set(f)
-    assert f["resilience/failure_prob_day"]["value"] == pytest.approx(1 - (1 - 1e-4) ** 128)
-    assert f["resilience/walltime_fit"]["value"] == pytest.approx(3 / 48)
-    assert f["resilience/resume_bitwise"]["value"] is None
+    assert f["fault_tolerance/failure_prob_day"]["value"] == pytest.approx(1 - (1 - 1e-4) ** 128)
+    assert f["fault_tolerance/walltime_fit"]["value"] == pytest.approx(3 / 48)
+    assert f["fault_tolerance/resume_bitwise"]["value"] is None
     assert not (out / "records").exists() or not list((out / "records").glob("*.json"))
     index = (out / "index.html").read_text()
     assert "llm-7b-pretrain" in index and "verdicts" in index and "<svg" in index
@@ -138,26 +138,26 @@ def test_measure_mode_audit_quick(tmp_path):
     assert f["baseline/mfu"]["value"] is None and "unknown peak" in f["baseline/mfu"]["message"]
     # chapter 2: shards beat small files, workers beat in-process loading, the monitor is cheap
     assert CH2_IDS <= set(f)
-    assert f["data/small_file_slowdown"]["value"] > 1
-    assert f["data/headroom"]["value"] > 0 and "emulated device" in f["data/headroom"]["source"]
-    assert f["data/best_loader_setting"]["value"] >= 1
-    assert f["data/instrumentation_overhead"]["value"] < 0.01
-    assert f["data/h2d_pinned_speedup"]["value"] is None          # no copy on a CPU
+    assert f["data_pipeline/small_file_slowdown"]["value"] > 1
+    assert f["data_pipeline/headroom"]["value"] > 0 and "emulated device" in f["data_pipeline/headroom"]["source"]
+    assert f["data_pipeline/best_loader_setting"]["value"] >= 1
+    assert f["data_pipeline/instrumentation_overhead"]["value"] < 0.01
+    assert f["data_pipeline/h2d_pinned_speedup"]["value"] is None          # no copy on a CPU
     # chapter 3: a real 2-process sweep and DDP runs (overlap from the emulated device on a CPU)
     assert CH3_IDS <= set(f)
-    assert f["comm/measured_busbw"]["value"] > 0 and f["comm/measured_busbw"]["verdict"] == "info"
-    assert f["comm/alpha_beta_fit_error"]["value"] is not None
-    assert f["comm/overlap_saving"]["value"] is not None and "emulated" in f["comm/overlap_saving"]["message"]
+    assert f["communication/measured_busbw"]["value"] > 0 and f["communication/measured_busbw"]["verdict"] == "info"
+    assert f["communication/alpha_beta_fit_error"]["value"] is not None
+    assert f["communication/overlap_saving"]["value"] is not None and "emulated" in f["communication/overlap_saving"]["message"]
     # chapter 4: bucketing measured, a real 2-stage pipeline whose bubble shrinks with m
     assert CH4_IDS <= set(f)
-    assert f["balance/bucketing_speedup"]["value"] > 0
-    assert 0 < f["balance/measured_bubble"]["value"] < 0.6
-    assert f["balance/partition_gain"]["value"] > 0
+    assert f["load_balance/bucketing_speedup"]["value"] > 0
+    assert 0 < f["load_balance/measured_bubble"]["value"] < 0.6
+    assert f["load_balance/partition_gain"]["value"] > 0
     # chapter 5: SIGKILL + resume bit for bit, async saves stall less, torchrun restarts the job
     assert CH5_IDS <= set(f)
-    assert f["resilience/resume_bitwise"]["value"] == 1.0 and f["resilience/resume_bitwise"]["verdict"] == "pass"
-    assert 0 < f["resilience/async_stall_ratio"]["value"] < 1
-    assert 0 < f["resilience/elastic_recovery_s"]["value"] < 60
+    assert f["fault_tolerance/resume_bitwise"]["value"] == 1.0 and f["fault_tolerance/resume_bitwise"]["verdict"] == "pass"
+    assert 0 < f["fault_tolerance/async_stall_ratio"]["value"] < 1
+    assert 0 < f["fault_tolerance/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "memory", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
             "overlap", "padding", "pipeline_bubble", "partition", "resume", "ckptstall", "elastic"} <= recs
@@ -221,11 +221,11 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
-                "baseline/measured_scaling_efficiency", "baseline/memory_model_error", "data/small_file_slowdown", "data/headroom",
-                "data/headroom_default", "data/instrumentation_overhead", "comm/measured_busbw",
-                "comm/alpha_beta_fit_error", "comm/overlap_saving", "comm/bf16_saving", "balance/bucketing_speedup",
-                "balance/measured_bubble", "balance/partition_gain", "resilience/resume_bitwise",
-                "resilience/async_stall_ratio", "resilience/elastic_recovery_s"):
+                "baseline/measured_scaling_efficiency", "baseline/memory_model_error", "data_pipeline/small_file_slowdown", "data_pipeline/headroom",
+                "data_pipeline/headroom_default", "data_pipeline/instrumentation_overhead", "communication/measured_busbw",
+                "communication/alpha_beta_fit_error", "communication/overlap_saving", "communication/bf16_saving", "load_balance/bucketing_speedup",
+                "load_balance/measured_bubble", "load_balance/partition_gain", "fault_tolerance/resume_bitwise",
+                "fault_tolerance/async_stall_ratio", "fault_tolerance/elastic_recovery_s"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 

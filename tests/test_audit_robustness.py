@@ -114,7 +114,7 @@ def check_findings(d: dict) -> None:
     for f in plan_findings(d):
         text = f"{f.threshold} {f.message} {f.fix}"
         assert not NOT_A_NUMBER.search(text), (f.id, text)
-        if f.value is None:         # (a unit-less finding such as comm/topology carries a verdict only)
+        if f.value is None:         # (a unit-less finding such as communication/topology carries a verdict only)
             assert not f.unit or WHY_NONE.search(f.message), (f.id, f.message)
         else:
             assert math.isfinite(f.value), f

@@ -306,12 +306,12 @@ def _check_supply(page) -> Explorer:
 
 
 def _check_allreduce(page) -> Explorer:
-    from preflight.chapters.communication import TIERS_GBps
-    from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
+    from preflight.hardware import LINK_TIERS_GBps
     from preflight.models import comm
     from preflight.profile import load_profile
 
-    cl = load_profile(REPO / "data" / "profiles" / "example.yaml").cluster
+    prof = load_profile(REPO / "data" / "profiles" / "example.yaml")
+    cl, tr = prof.cluster, prof.training
     ex = Explorer(page, "AllReduce calculator")
     s0 = ex.read()
     ex.move("log2 D (DP ranks)", "ArrowLeft")
@@ -319,19 +319,21 @@ def _check_allreduce(page) -> Explorer:
     sl, dd, r = s["sliders"], s["dropdowns"], s["readout"]
     d = 2 ** int(number(sl["log2 D (DP ranks)"]))
     assert d == 2 ** (int(number(s0["sliders"]["log2 D (DP ranks)"])) - 1)
-    dtype, bw = dd["gradient dtype"], TIERS_GBps[dd["inter-node tier"]]
+    dtype, tier = dd["gradient dtype"], dd["inter-node tier"]
 
-    def flat(m, d):
-        buf = m * comm.BYTES_PER_ELEMENT[dtype]
-        if d > cl.gpus_per_node:
-            return comm.ring_allreduce_time(buf, d, bw, INTER_NODE_LATENCY_S)
-        return comm.ring_allreduce_time(buf, d, cl.intra_node_GBps, INTRA_NODE_LATENCY_S)
+    def plan(m, d, c):          # the library's plan at the shown position (the notebook's tp, pp and cluster)
+        return comm.allreduce_plan(m, d, dtype, tr.tp, tr.pp, gpus_per_node=cl.gpus_per_node,
+                                   intra_node_GBps=cl.intra_node_GBps, inter_node_Gbps=8 * LINK_TIERS_GBps[tier],
+                                   compute_s=c, serial_s=tr.step_serial_s)
 
     m, c = (sl["parameters M"], 3), (sl["compute per step (s)"], 3)        # readout_format ".3g"
     assert number(m[0]) > number(s0["sliders"]["parameters M"])
-    assert_shown(r["bytes"], lambda m, d: comm.allreduce_bytes_per_rank(m, d, dtype) / 1e9, {"m": m, "d": d}, "bytes")
-    assert_shown(r["flat_s"], flat, {"m": m, "d": d}, "flat ring time")
-    assert_shown(r["ratio"], lambda m, d, c: flat(m, d) / c, {"m": m, "d": d, "c": c}, "comm/compute")
+    inputs = {"m": m, "d": d, "c": c}
+    assert_shown(r["bytes"], lambda m, d, c: plan(m, d, c).bytes_per_rank / 1e9, inputs, "bytes")
+    assert_shown(r["flat_s"], lambda m, d, c: plan(m, d, c).flat_s, inputs, "flat ring time")
+    assert_shown(r["hier_s"], lambda m, d, c: plan(m, d, c).hierarchical_s, inputs, "hierarchical time")
+    assert_shown(r["ratio"], lambda m, d, c: plan(m, d, c).ratio, inputs, "comm/compute")
+    assert r["link"] == plan(number(m[0]), d, number(c[0])).link_why, r["link"]
     return ex
 
 

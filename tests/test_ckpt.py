@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch import nn
 
-from preflight import ckpt
+from preflight import ckpt, fsutil
 
 DIN, HID, BATCH, NBATCH = 256, 1024, 32, 8     # ~0.53 M parameters: 6.3 MB with AdamW's two moments
 STAGES = ("written", "manifest", "installed", "published", "pruned")
@@ -322,7 +322,7 @@ def test_sigkill_at_each_stage_of_save(tmp_path, reference, stage):
     _check_resume(reference, got[1])
     # the next run resumes, cleans up the dead child's temporary folder and keeps going
     _run_child(d, None, "sync", kill_stage="pruned", kill_after=1)
-    assert not list(d.glob(".tmp-*")) and not list(d.glob("latest.tmp-*"))
+    assert not list(d.glob(".tmp-*")) and not list(d.glob(".latest.*.tmp"))
     assert _published(d) == got[0] + 1
     assert [s for s, _ in ckpt.list_checkpoints(d)] == [got[0] + 1, got[0]]          # keep=2
     _check_resume(reference, _load_quietly(d)[1])
@@ -475,9 +475,9 @@ def test_stale_publish_file_is_cleaned(tmp_path):
     dead = _FORK.Process(target=os._exit, args=(0,))
     dead.start()
     dead.join()
-    (d / f"{ckpt.LATEST}.tmp-{dead.pid}").write_text("step-00000009")
+    fsutil.temp_path(d / ckpt.LATEST, pid=dead.pid).write_text("step-00000009")
     ckpt.save(_small_state(2), d, 2)
-    assert not list(d.glob("latest.tmp-*"))
+    assert not list(d.glob(".latest.*.tmp"))
     assert (d / ckpt.LATEST).read_text() == ckpt.step_name(2)
 
 

@@ -52,8 +52,8 @@ def test_compare_two_real_audits(audits):
     per_gpu = lines["baseline/memory_per_gpu"]
     assert "GB" in per_gpu and "-" in per_gpu.split("GB")[2] and "%" in per_gpu
     assert lines["baseline/amdahl_max_speedup"].split()[-1] == "same"
-    assert "only in OLD" in r.stdout and "data/listing_s_at_profile" in lines
-    assert "only in NEW" in r.stdout and "resilience/mtbf_h" in lines
+    assert "only in OLD" in r.stdout and "data_pipeline/listing_s_at_profile" in lines
+    assert "only in NEW" in r.stdout and "fault_tolerance/mtbf_h" in lines
     assert "baseline" in lines and f"compare: {new / 'compare.html'}" in r.stdout
     html = (new / "compare.html").read_text()
     assert "<tr id='baseline/memory_fits'>" in html and "ch-improved" in html

@@ -63,7 +63,7 @@ def test_listing_finding_fails_the_example_and_passes_sharded_data(tmp_path):
     sink = FindingSink(tmp_path / "f.json", "data_pipeline")
     C.add_listing_finding(sink, prof)
     f = sink.findings[-1]
-    assert f.id == "data/listing_s_at_profile" and f.verdict == "fail"
+    assert f.id == "data_pipeline/listing_s_at_profile" and f.verdict == "fail"
     assert f.value == pytest.approx(5000.0)
     assert "313 shards" in f.message and "64 MB" in f.message
 
@@ -86,8 +86,8 @@ def test_plan_only_measured_findings_are_info(tmp_path):
     sink = FindingSink(None, "data_pipeline")
     C.add_measured_findings(sink, prof, None, None, None)
     ids = {f.id for f in sink.findings}
-    assert ids == {"data/small_file_slowdown", "data/h2d_pinned_speedup", "data/headroom",
-                   "data/headroom_default", "data/best_loader_setting", "data/instrumentation_overhead"}
+    assert ids == {"data_pipeline/small_file_slowdown", "data_pipeline/h2d_pinned_speedup", "data_pipeline/headroom",
+                   "data_pipeline/headroom_default", "data_pipeline/best_loader_setting", "data_pipeline/instrumentation_overhead"}
     assert all(f.verdict == "info" and f.value is None for f in sink.findings)
 
 

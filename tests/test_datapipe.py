@@ -106,7 +106,7 @@ def test_runs_alone_and_writes_a_record(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rec = json.loads((tmp_path / "rec" / "datapipe.json").read_text())
-    assert rec["method"] == "datapipe" and rec["method_version"] == datapipe.METHOD_VERSION
+    assert rec["method"] == "datapipe" and rec["method_version"] == datapipe.METHOD.version
     assert rec["results"]["storage"]["small_files"]["files"] == 200
     bad = subprocess.run([sys.executable, "-m", "preflight.bench.datapipe", "--work", str(tmp_path / "x"),
                           "--shard-size", "lots"], capture_output=True, text=True, timeout=60)

@@ -123,7 +123,7 @@ def test_cli_writes_a_record(tmp_path):
                            "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     [rec] = load_records(tmp_path, "memory")
-    assert rec["method_version"] == mb.METHOD_VERSION and rec["params"]["quick"] is True
+    assert rec["method_version"] == mb.METHOD.version and rec["params"]["quick"] is True
     assert rec["results"]["max_abs_error"] <= LAYER_TOL
     assert "not measured: no CUDA device" in proc.stdout
 

@@ -320,7 +320,7 @@ def test_failure_chart_keeps_each_series_colour():
 
 
 def test_failure_explorer_follows_sliders():
-    from preflight.widgets import resilience as Wd
+    from preflight.widgets import fault_tolerance as Wd
     from preflight.widgets import failure_explorer
 
     box = failure_explorer(1e-4, 1000, 30)
@@ -377,7 +377,7 @@ def test_failure_explorer_tiny_and_huge_values_read_naturally():
 
 
 def test_interval_explorer_follows_sliders():
-    from preflight.widgets import resilience as Wd
+    from preflight.widgets import fault_tolerance as Wd
     from preflight.widgets import interval_explorer
 
     box = interval_explorer(60, 300, 24, plan_interval_s=1800)
@@ -493,7 +493,7 @@ def test_interval_explorer_sliders_read_naturally_and_start_exactly():
 
 
 def test_readable_numbers():
-    from preflight.widgets import resilience as Wd
+    from preflight.widgets import fault_tolerance as Wd
 
     assert [Wd._duration(s) for s in (45, 3220, 28460, 48 * 3600, 6.75e6, 8.6e10)] == [
         "45 s", "53.7 min", "7.91 h", "48 h", "78.1 d", "2,725 years"]

@@ -1,5 +1,5 @@
 """Staged DDP scaling: real torchrun runs at 1 and 2 processes on the CPU, records from a cluster read
-back, the Slurm environment derivation, and the sbatch template."""
+back, and the sbatch template (the Slurm environment derivation: test_launch.py)."""
 from __future__ import annotations
 
 import json
@@ -14,45 +14,6 @@ from preflight.records import make_record, save_record
 from conftest import REPO
 
 SBATCH = REPO / "slurm" / "scaling_stages.sbatch"
-
-
-# ---------------------------------------------------------------------------- environment (pure)
-@pytest.mark.parametrize("nodelist, first", [
-    ("gpu001", "gpu001"),
-    ("gpu[003-010,12]", "gpu003"),
-    ("gpu[003-010,12],login1", "gpu003"),
-    ("a100-[7,9]", "a100-7"),
-    ("rack[1-2]-node[01-04]", "rack1-node01"),
-    ("n1,n2", "n1"),
-])
-def test_first_slurm_host(nodelist, first):
-    assert scaling.first_slurm_host(nodelist) == first
-
-
-def test_dist_env_from_slurm():
-    env = {"SLURM_PROCID": "13", "SLURM_NTASKS": "16", "SLURM_LOCALID": "5", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "gpu[007-008]", "SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_JOB_ID": "4242"}
-    d = scaling.dist_env(env)
-    assert d == {"rank": 13, "world_size": 16, "local_rank": 5, "local_world_size": 8, "nodes": 2,
-                 "master_addr": "gpu007", "master_port": 10000 + 4242, "launcher": "srun"}
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "head", "29999"
-    d = scaling.dist_env(env)
-    assert (d["master_addr"], d["master_port"]) == ("head", 29999)
-
-
-def test_dist_env_torchrun_wins_over_slurm():
-    env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8",
-           "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "29400",
-           "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2"}
-    assert scaling.dist_env(env) == {"rank": 9, "world_size": 16, "local_rank": 1, "local_world_size": 8,
-                                     "nodes": 2, "master_addr": "n0", "master_port": 29400,
-                                     "launcher": "torchrun"}
-
-
-def test_dist_env_single_process():
-    d = scaling.dist_env({})
-    assert (d["rank"], d["world_size"], d["nodes"], d["launcher"]) == (0, 1, 1, "single")
-    assert d["master_port"] > 0
 
 
 # ---------------------------------------------------------------------------- records from a cluster

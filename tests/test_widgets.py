@@ -54,20 +54,33 @@ def test_allreduce_calculator_reproduces_the_field_case_and_follows_the_sliders(
     from preflight.models import comm
     from preflight.widgets import allreduce_explorer
 
+    def plan(dp, dtype, tp=1):                 # the library's plan at the sliders' position
+        return comm.allreduce_plan(7e9, dp, dtype, tp, gpus_per_node=8, intra_node_GBps=450.0,
+                                   inter_node_Gbps=200.0, compute_s=0.8, serial_s=0.09)
+
     box = allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per GPU", 0.8, 0.09, 8, 450.0)
     r = _readout(box)
     assert r["bytes"] == "55.9 GB"
-    assert r["flat_s"] == f"{comm.ring_allreduce_time(28e9, 1024, 25.0, 10e-6):.3g} s" == "2.26 s"
-    assert r["ratio"] == "2.82x"
+    assert r["flat_s"] == f"{plan(1024, 'fp32').flat_s:.3g} s" == "2.26 s"
+    assert r["ratio"] == "2.82x" == f"{plan(1024, 'fp32').ratio:.2f}x"
+    assert r["hier_s"] == f"{plan(1024, 'fp32').hierarchical_s:.3g} s"
+    assert r["eff_no"] == f"{plan(1024, 'fp32').efficiency_no_overlap:.1%}"
+    assert r["eff_ov"] == f"{plan(1024, 'fp32').efficiency_full_overlap:.1%}"
+    assert r["link"] == plan(1024, "fp32").link_why and "128 nodes" in r["link"]
     c = _controls(box)
     c["gradient dtype"].value = "bf16"
     r = _readout(box)
     assert r["bytes"] == "28 GB"
-    assert r["flat_s"] == f"{comm.ring_allreduce_time(14e9, 1024, 25.0, 10e-6):.3g} s"
+    assert r["flat_s"] == f"{plan(1024, 'bf16').flat_s:.3g} s"
     c["log2 D (DP ranks)"].value = 3          # 8 ranks: one node, the ring runs on NVLink
     r = _readout(box)
-    assert r["flat_s"] == f"{comm.ring_allreduce_time(14e9, 8, 450.0, 5e-6):.3g} s"
+    assert r["flat_s"] == f"{plan(8, 'bf16').flat_s:.3g} s" == f"{comm.ring_allreduce_time(14e9, 8, 450.0, 5e-6):.3g} s"
     assert r["hier_s"] == r["flat_s"]
+    # with tp = 2 the same 8 ranks fill two nodes: the widget follows the plan's link rule
+    box = allreduce_explorer(7e9, 8, "bf16", "InfiniBand HDR 200 Gb/s per GPU", 0.8, 0.09, 8, 450.0, tp=2)
+    r = _readout(box)
+    assert plan(8, "bf16", tp=2).link == "inter-node"
+    assert r["flat_s"] == f"{plan(8, 'bf16', tp=2).flat_s:.3g} s" and r["bytes"] == "12.2 GB"
 
 
 def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas():

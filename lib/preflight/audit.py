@@ -1,8 +1,10 @@
 """The audit: run the chapter notebooks headlessly on a profile and collect their findings.
 
-papermill executes each chapter with the profile injected through its ``parameters`` cell, always
-with an execution timeout (a large widget output can hang nbclient). A chapter that raises is marked
-``error`` and the others still run. Outputs, in ``out_dir`` (default ``reports/<project>/``)::
+The chapters (number, name, title) are those of ``preflight.chapters.registry``, one notebook
+``playbook/NN_<name>.ipynb`` each. papermill executes each chapter with the profile injected through
+its ``parameters`` cell, always with an execution timeout (a large widget output can hang nbclient).
+A chapter that raises is marked ``error`` and the others still run. Outputs, in ``out_dir``
+(default ``reports/<project>/``)::
 
     index.html            the audit summary (preflight.report)
     <chapter>.html        one page per executed chapter
@@ -10,6 +12,7 @@ with an execution timeout (a large widget output can hang nbclient). A chapter t
     notebooks/*.ipynb     the executed notebooks
     records/*.json        the measurements taken during this run
     chapters/*.json       each chapter's raw findings
+    measurements/*.json   per chapter, where each measurement came from (recorded, live, not measured)
 
 A run first replaces ``index.html`` by a page marked INCOMPLETE and removes what an earlier run left
 (pages, findings, notebooks, charts; measurement records are kept); ``findings.json`` (atomically:
@@ -33,7 +36,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from preflight import REPO
+from preflight.chapters.registry import BY_NAME, CHAPTERS
 from preflight.findings import VERDICT_RANK, Finding, read_findings, worst
+from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile
 
 PLAYBOOK = REPO / "playbook"
@@ -61,7 +66,15 @@ class ChapterRun:
 
 
 def discover(playbook: Path = PLAYBOOK) -> dict[int, tuple[str, Path]]:
-    """Chapter number -> (name, notebook path) for every ``NN_name.ipynb`` in the playbook."""
+    """Chapter number -> (name, notebook path): the chapters of the registry
+    (``preflight.chapters.registry``) in the playbook; in another folder (tests' ``--playbook``)
+    every ``NN_name.ipynb`` there."""
+    if Path(playbook).resolve() == PLAYBOOK.resolve():
+        missing = [c.notebook for c in CHAPTERS if not (playbook / Path(c.notebook).name).is_file()]
+        if missing:
+            raise AuditInputError(f"{', '.join(missing)} missing: python tools/nbgen.py writes the playbook "
+                                  "from tools/notebooks/")
+        return {c.number: (c.name, playbook / Path(c.notebook).name) for c in CHAPTERS}
     out = {}
     for p in sorted(playbook.glob("*.ipynb")):
         m = _NB.match(p.name)
@@ -71,6 +84,7 @@ def discover(playbook: Path = PLAYBOOK) -> dict[int, tuple[str, Path]]:
 
 
 def notebook_title(path: Path) -> str:
+    """The notebook's first heading (tests/test_registry.py: the registry's heading, for a chapter)."""
     nb = json.loads(path.read_text())
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
@@ -207,9 +221,9 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     available = discover(playbook)
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    _write_atomic(out_dir / "index.html", _incomplete_page(
+    atomic_write_text(out_dir / "index.html", _incomplete_page(
         profile.project, f"Audit in progress since {started_at} (chapters {', '.join(map(str, chapters))}). If no "
-        "audit is running, it was stopped before the end (killed, machine down): run it again."))
+        "audit is running, it was stopped before the end (killed, machine down): run it again."), fsync=False)
     _clear_previous(out_dir)
     (out_dir / "notebooks").mkdir(exist_ok=True)
     params = {"profile_path": str(profile_path), "plan_only": plan_only,
@@ -262,33 +276,23 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
         if not published:
             for cut in [out_dir / "findings.json", *(h for h in out_dir.glob("*.html") if _PAGE.match(h.name))]:
                 cut.unlink(missing_ok=True)     # written by a publish step the interrupt cut short
-            _write_atomic(out_dir / "index.html", _incomplete_page(
+            atomic_write_text(out_dir / "index.html", _incomplete_page(
                 profile.project, f"Audit interrupted (Ctrl-C) after {len(runs)} of {len(chapters)} chapters "
-                f"(started {started_at}). Run it again for a report.", runs))
+                f"(started {started_at}). Run it again for a report.", runs), fsync=False)
         print(f"error: audit interrupted (Ctrl-C) after {len(runs)} of {len(chapters)} chapters; "
               + ("the report was already complete" if published else
                  f"{out_dir / 'index.html'} is marked INCOMPLETE and findings.json was not written"),
               file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_EXIT) from None
     except Exception as err:
-        _write_atomic(out_dir / "index.html", _incomplete_page(
+        atomic_write_text(out_dir / "index.html", _incomplete_page(
             profile.project, f"Audit stopped by an error after {len(runs)} of {len(chapters)} chapters: "
-            f"{_short_error(err)}", runs))
+            f"{_short_error(err)}", runs), fsync=False)
         raise
     finally:
         if previous_handler is not None and not interrupted:
             signal.signal(signal.SIGINT, previous_handler)
     return summary
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all: a temporary file in the same folder, then a rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _clear_previous(out_dir: Path) -> None:
@@ -297,7 +301,8 @@ def _clear_previous(out_dir: Path) -> None:
     stale = [out_dir / "findings.json", *(p for p in out_dir.glob("*.html") if _PAGE.match(p.name)),
              *(p for p in (out_dir / "notebooks").glob("*.ipynb") if _NB.match(p.name)),
              *(out_dir / "chapters").glob("*.json"), *(out_dir / "chapters").glob("*.tmp"),
-             *(out_dir / "charts").glob("*--*.svg"), *out_dir.glob(".*.tmp")]
+             *(out_dir / "charts").glob("*--*.svg"), *(out_dir / "measurements").glob("*.json"),
+             *out_dir.glob(".*.tmp")]
     for p in stale:
         p.unlink(missing_ok=True)
 
@@ -318,7 +323,8 @@ def _publish(summary: dict, out_dir: Path) -> None:
     checking it against the schema; index.html comes last and replaces the INCOMPLETE page."""
     from preflight import report
 
-    _write_atomic(out_dir / "findings.json", json.dumps(summary, indent=1, default=str, allow_nan=False))
+    atomic_write_text(out_dir / "findings.json", json.dumps(summary, indent=1, default=str, allow_nan=False),
+                      fsync=False)
     report.write_report(summary, out_dir)
 
 
@@ -327,7 +333,9 @@ def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict
     """Execute one chapter notebook with papermill; its findings, plus one ``error`` finding if it raised."""
     import papermill as pm
 
-    run = ChapterRun(num, name, notebook_title(nb_path), f"notebooks/{nb_path.name}")
+    registered = BY_NAME.get(name)
+    title = registered.heading if registered and registered.number == num else notebook_title(nb_path)
+    run = ChapterRun(num, name, title, f"notebooks/{nb_path.name}")
     findings_path = out_dir / "chapters" / f"{nb_path.stem}.json"
     findings_path.unlink(missing_ok=True)
     for old in (out_dir / "charts").glob(f"{name}--*.svg"):   # no stale charts from an earlier run
@@ -347,7 +355,8 @@ def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict
     run.elapsed_s = round(time.perf_counter() - t0, 1)
     found = read_findings(findings_path) if findings_path.exists() else []
     if run.status == "error":
-        found.append(Finding(id=f"{name}/error", value=None, unit="", verdict="error",
+        prefix = BY_NAME[name].prefix if name in BY_NAME else name
+        found.append(Finding(id=f"{prefix}/error", value=None, unit="", verdict="error",
                              threshold="chapter ran to the end", message=run.error or "error",
                              fix=f"Open {run.notebook} to see the failing cell.", source="audit"))
     run.findings = [asdict(f) for f in found]

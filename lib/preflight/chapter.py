@@ -4,10 +4,11 @@ rule for getting a measurement (take a recorded one, measure live, or skip in pl
 Notebooks stay thin::
 
     ch = start("baseline", profile_path, findings_path, plan_only, results_dir, out_dir)
-    res = ch.measurement("baseline", lambda: measure_baseline(ch.torch_device, quick=ch.quick))
+    res = ch.measurement(bench_baseline.METHOD, lambda: bench_baseline.measure_baseline(ch.torch_device, quick=ch.quick))
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,9 @@ from typing import Callable
 
 from preflight import REPO, charts
 from preflight.findings import FindingSink
+from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile, load_profile
-from preflight.records import load_records, make_record, save_record
+from preflight.records import Method, load_records, make_record, save_record
 
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
@@ -27,6 +29,7 @@ class Measured:
     results: dict
     source: str
     record: dict = field(repr=False, default_factory=dict)
+    origin: str = "live"           # "recorded" (from --results) or "live" (measured in this run)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Chapter:
     results_dir: Path | None       # recorded measurements to use instead of measuring
     out_dir: Path | None           # where this run's records go
     _device: object = None
+    measurements: list = field(default_factory=list)   # where each measurement came from (``_log``)
 
     @property
     def device(self):
@@ -94,26 +98,95 @@ class Chapter:
         if self.measure and (busy := busy_warning()):
             self.note(busy)
 
-    def measurement(self, method: str, run: Callable[[], dict], version: int = 1, name: str | None = None,
+    @property
+    def expected_device(self) -> dict:
+        """The device a record must come from: the profile's GPU (by hardware-table key), or this
+        machine when the profile says ``gpu: auto``."""
+        g = self.profile.cluster.gpu
+        return self.device.as_dict() if g == "auto" else {"kind": None, "table_key": g}
+
+    def measurement(self, method: Method, run: Callable[[], dict], name: str | None = None,
                     match: Callable[[dict], bool] | None = None) -> Measured | None:
-        """A recorded result of ``method`` from ``results_dir`` if there is one (the newest for which
-        ``match(record)`` is true, when given), else a live measurement (recorded under
-        ``out_dir/records`` as ``<method>[-name].json``) when measuring is allowed, else None."""
+        """The measurement of ``method`` for this chapter, from one of three places, in this order:
+
+        1. ``results_dir`` (``--results``): the newest record of that method (for which
+           ``match(record)`` is true, when given) that fits: same method version, every field the
+           chapter reads, the device the profile describes. A record that does not fit is named, with
+           why, in the chapter, and is not used;
+        2. a live measurement, ``run()``, when measuring is allowed (recorded under
+           ``out_dir/records`` as ``<method>[-name].json``, the same record its command line writes);
+        3. None (plan-only, or the method cannot run here): the chapter reports "not measured".
+
+        Every call is logged (``out_dir/measurements/<chapter>.json``: method, where it came from,
+        the record's file, what was wrong with the ones refused)."""
+        problems = []
         if self.results_dir:
-            recs = [r for r in load_records(self.results_dir, method) if match is None or match(r)]
-            if recs:
-                rec = recs[-1]
-                dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
-                return Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, "
-                                                f"{rec['date'][:10]})", rec)
+            recs = [r for r in load_records(self.results_dir, method.name) if match is None or match(r)]
+            for rec in reversed(recs):                                   # newest first
+                why = method.check(rec, self.expected_device)
+                if not why:
+                    dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
+                    m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, "
+                                                 f"{str(rec.get('date', '?'))[:10]})", rec, "recorded")
+                    self._log(method, name, "recorded", m.source, problems, rec["_path"])
+                    return m
+                problems.append(f"{Path(rec['_path']).name}: " + "; ".join(why))
+            for p in problems:
+                print(f"record not used: {p}")
+            if not recs:
+                print(f"no {method.name} record in {self.results_dir}")
         if not self.measure:
+            self._log(method, name, "not measured", "not measured", problems)
             return None
+        if problems or self.results_dir:
+            print(f"{method.name}: measuring live on {self.device.label} instead")
         results = run()
-        rec = make_record(method, version, {"quick": self.quick}, results,
-                          self.device.as_dict())
+        rec = make_record(method.name, method.version, {"quick": self.quick}, results, self.device.as_dict())
+        path = save_record(rec, self.out_dir / "records", name=name) if self.out_dir else None
+        m = Measured(results, f"measured on {self.device.label}", rec)
+        self._log(method, name, "live", m.source, problems, str(path) if path else None)
+        return m
+
+    def measurement_set(self, method: Method, run: Callable[[], list[dict]],
+                        match: Callable[[dict], bool] | None = None) -> Measured | None:
+        """Like ``measurement`` for a method measured as several records (one per scaling stage, one
+        per pipeline run): every fitting record of ``method`` in ``results_dir``, else the records
+        ``run()`` returns (live), else None. ``results["records"]``: the records, oldest first."""
+        problems, fit = [], []
+        if self.results_dir:
+            for rec in load_records(self.results_dir, method.name):
+                if match is not None and not match(rec):
+                    continue
+                why = method.check(rec, self.expected_device)
+                if why:
+                    problems.append(f"{Path(rec['_path']).name}: " + "; ".join(why))
+                else:
+                    fit.append(rec)
+            for p in problems:
+                print(f"record not used: {p}")
+            if fit:
+                names = ", ".join(Path(r["_path"]).name for r in fit)
+                m = Measured({"records": fit}, f"recorded ({names})", {}, "recorded")
+                self._log(method, None, "recorded", m.source, problems, [r["_path"] for r in fit])
+                return m
+            print(f"no usable {method.name} record in {self.results_dir}")
+        if not self.measure:
+            self._log(method, None, "not measured", "not measured", problems)
+            return None
+        recs = run()
+        if not recs:
+            self._log(method, None, "not measured", "not measured", problems)
+            return None
+        m = Measured({"records": recs}, f"measured on {self.device.label}", {})
+        self._log(method, None, "live", m.source, problems, [r.get("_path") for r in recs])
+        return m
+
+    def _log(self, method: Method, name, origin: str, source: str, problems: list[str], path=None) -> None:
+        self.measurements.append({"method": method.name, "method_version": method.version, "name": name,
+                                  "origin": origin, "source": source, "record": path, "refused": problems})
         if self.out_dir:
-            save_record(rec, self.out_dir / "records", name=name)
-        return Measured(results, f"measured on {self.device.label}", rec)
+            atomic_write_text(self.out_dir / "measurements" / f"{self.name}.json",
+                              json.dumps(self.measurements, indent=1), fsync=False)
 
 
 def start(name: str, profile_path: str | os.PathLike | None = None, findings_path: str | None = None,

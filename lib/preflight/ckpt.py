@@ -12,7 +12,8 @@ Writing follows the only order that survives a crash (SIGKILL, node loss, wallti
    the page cache);
 2. write the manifest (sha256 per file), fsync it and the folder;
 3. ``rename`` the folder to ``step-...`` (atomic on POSIX file systems) and fsync the parent;
-4. only then publish: write ``latest.tmp``, fsync, rename over ``latest``, fsync the parent;
+4. only then publish: write ``.latest.<pid>.tmp``, fsync, rename over ``latest``, fsync the parent
+   (``fsutil.atomic_write_bytes``, the one helper for a single file written whole);
 5. prune old checkpoints (never the published one).
 
 A crash before 3 leaves a ``.tmp-`` folder that is ignored (and cleaned up on the next save); a crash
@@ -41,6 +42,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from preflight.fsutil import atomic_write_bytes, fsync_dir
+
 STATE_FILE = "state.pt"
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
@@ -54,15 +57,6 @@ class CheckpointWarning(UserWarning):
 
 def step_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder, so that a rename or a new entry in it survives a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sha256_file(path: Path) -> str:
@@ -81,11 +75,9 @@ def _write_durable(path: Path, write: Callable) -> None:
 
 
 def _publish(directory: Path, name: str) -> None:
-    """Point ``latest`` at ``name`` atomically (write + fsync a temporary file, rename over)."""
-    tmp = directory / f"{LATEST}.tmp-{os.getpid()}"
-    _write_durable(tmp, lambda f: f.write(name.encode()))
-    os.replace(tmp, directory / LATEST)
-    fsync_dir(directory)
+    """Point ``latest`` at ``name`` atomically and durably (write + fsync a temporary file, rename
+    over, fsync the folder)."""
+    atomic_write_bytes(directory / LATEST, name.encode())
 
 
 def _manifest(folder: Path, step: int, files: dict[str, str]) -> None:
@@ -118,7 +110,7 @@ def prune(directory: Path, keep: int) -> None:
     for tmp in directory.glob(".tmp-*"):
         if tmp.is_dir() and not _owned_by_live_process(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-    for tmp in directory.glob(f"{LATEST}.tmp-*"):        # a publish interrupted before its rename
+    for tmp in directory.glob(f".{LATEST}.*.tmp"):       # a publish killed before its rename (temp_path)
         if tmp.is_file() and not _owned_by_live_process(tmp):
             tmp.unlink(missing_ok=True)
     for _, folder in list_checkpoints(directory)[keep:]:
@@ -127,7 +119,9 @@ def prune(directory: Path, keep: int) -> None:
 
 
 def _owned_by_live_process(tmp: Path) -> bool:
-    pid = tmp.name.rsplit("-", 1)[-1]
+    """Whether the process named in a temporary name still runs: ``.tmp-step-00000120-<pid>`` (a
+    folder) or ``.latest.<pid>.tmp`` (``fsutil.temp_path``)."""
+    pid = re.split(r"[-.]", tmp.name.removesuffix(".tmp"))[-1]
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:

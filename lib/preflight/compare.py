@@ -11,6 +11,10 @@ into another folder, then compare the two folders. Both findings.json files are 
   (recorded, not judged: e.g. a plan-only audit against a measured one), which is neither;
 - findings present on one side only (a chapter not run, a finding added) are listed apart.
 
+Ids are matched as this version names them: an older findings.json's ids are renamed through the
+registry's alias table first (``preflight.chapters.registry.current_id``: ``comm/allreduce_s`` is
+``communication/allreduce_s``), so an audit from before a prefix rename still pairs finding by finding.
+
 The result prints as a terminal table and is written as ``compare.html``: the report's page style,
 printable, offline, every string escaped.
 """
@@ -20,6 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from preflight.chapters.registry import current_id
 from preflight.findings import VERDICT_RANK
 from preflight.report import esc, facts_table, fid, fmt_value, page, table, verdict_badge
 
@@ -71,10 +76,14 @@ def mark(a: str | None, b: str | None) -> str:
     return "improved" if VERDICT_RANK[b] < VERDICT_RANK[a] else "worse"
 
 
+def current_findings(summary: dict) -> dict[str, dict]:
+    """An audit's findings by id, each id as this version names it (old prefixes renamed)."""
+    return {current_id(f["id"]): f | {"id": current_id(f["id"])} for f in summary["findings"]}
+
+
 def match(old: dict, new: dict) -> tuple[list[Row], list[dict], list[dict]]:
-    """Pair the findings by id: (rows in NEW's order, only in OLD, only in NEW)."""
-    o = {f["id"]: f for f in old["findings"]}
-    n = {f["id"]: f for f in new["findings"]}
+    """Pair the findings by (current) id: (rows in NEW's order, only in OLD, only in NEW)."""
+    o, n = current_findings(old), current_findings(new)
     rows = [Row(i, o[i], f) for i, f in n.items() if i in o]
     return rows, [f for i, f in o.items() if i not in n], [f for i, f in n.items() if i not in o]
 

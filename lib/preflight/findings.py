@@ -3,7 +3,8 @@
 Each chapter notebook emits findings; the audit merges them into findings.json and the report reads
 only that. Fields:
 
-- ``id``        namespaced, ``chapter/metric`` (e.g. ``baseline/mfu``);
+- ``id``        namespaced, ``chapter/metric`` (e.g. ``baseline/mfu``): the chapter's prefix is its name
+                (``preflight.chapters.registry``, which also maps the prefixes of older files);
 - ``value``     a number (or None when it could not be obtained), in ``unit``;
 - ``verdict``   pass | warn | fail | info (``error`` is set by the audit for a chapter that raised);
 - ``threshold`` what the value was judged against, in words (e.g. ">= 0.40 pass, < 0.25 fail");
@@ -19,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
+
+from preflight.fsutil import atomic_write_text
 
 SCHEMA_PATH = Path(__file__).with_name("schema") / "findings.schema.json"
 # a finding id's pattern has one home: the published schema
@@ -88,12 +91,10 @@ class FindingSink:
     def add(self, **kw) -> Finding:
         f = Finding(**kw)
         self.findings = [x for x in self.findings if x.id != f.id] + [f]
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"chapter": self.chapter,
-                                       "findings": [asdict(x) for x in self.findings]}, indent=1))
-            tmp.replace(self.path)
+        if self.path:      # rewritten after every finding: atomic (a kill leaves the last whole file)
+            atomic_write_text(self.path, json.dumps({"chapter": self.chapter,
+                                                     "findings": [asdict(x) for x in self.findings]}, indent=1),
+                              fsync=False)
         return f
 
     def not_measured(self, fid: str, unit: str, threshold: str, fix: str, why: str) -> Finding:

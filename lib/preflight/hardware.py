@@ -78,6 +78,17 @@ _NAME_PATTERNS = [
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 10e-6
 
+# Named interconnect tiers for the AllReduce calculator: per-GPU bandwidth, GB/s (bytes). Network links
+# are quoted in Gb/s (bits) and divided by 8 here; a NIC shared by a node's 8 GPUs gives each an eighth.
+LINK_TIERS_GBps = {
+    "NVLink 4 (H100, 450 GB/s per direction)": 450.0,
+    "NVLink 3 (A100, 300 GB/s)": 300.0,
+    "InfiniBand NDR 400 Gb/s per GPU": 400 / 8,
+    "InfiniBand HDR 200 Gb/s per GPU": 200 / 8,
+    "100 GbE per GPU": 100 / 8,
+    "25 GbE per node shared by 8 GPUs": 25 / 8 / 8,
+}
+
 
 def lookup(name: str | None) -> Chip | None:
     """Table entry for a table key or a driver-reported device name; None when unknown."""

@@ -14,7 +14,75 @@ import os
 import platform
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from preflight.fsutil import atomic_write_text
+
+
+@dataclass(frozen=True)
+class Method:
+    """One measurement method: its record name, version and the result fields a chapter reads.
+
+    Each lives next to the one function that measures it (``preflight.bench.<module>``); the
+    module's command line and its chapter both call that function and write / read the very same
+    record. ``required`` lists dotted paths into ``results`` (``"consume.step_s"``): a record
+    without one of them does not fit this version of the chapter (``check``). Bump ``version``
+    whenever the meaning or the shape of the results changes."""
+    name: str
+    version: int
+    required: tuple[str, ...] = ()
+
+    def check(self, record: dict, device: dict | None = None) -> list[str]:
+        """Why ``record`` cannot be used as this method's measurement (empty list: it fits).
+
+        ``device``: the device the profile describes (``{"table_key": ...}`` for a GPU named in the
+        profile, or this machine's ``DeviceInfo.as_dict()`` for ``gpu: auto``); None: any device."""
+        problems = []
+        if record.get("method") != self.name:
+            problems.append(f"method {record.get('method')!r}, expected {self.name!r}")
+        if record.get("method_version") != self.version:
+            problems.append(f"method version {record.get('method_version')!r}, this Preflight reads "
+                            f"version {self.version}")
+        results = record.get("results")
+        if not isinstance(results, dict):
+            problems.append("no results object")
+            results = {}
+        missing = [path for path in self.required if not _has(results, path)]
+        if missing:
+            problems.append("missing result field(s) " + ", ".join(f"results.{m}" for m in missing))
+        if device is not None and (why := device_mismatch(record.get("device") or {}, device)):
+            problems.append(why)
+        return problems
+
+    def record(self, params: dict, results: dict, device: dict | None = None) -> dict:
+        """A versioned record of this method (``make_record``)."""
+        return make_record(self.name, self.version, params, results, device)
+
+
+def _has(obj, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return False
+        obj = obj[part]
+    return True
+
+
+def device_mismatch(recorded: dict, expected: dict) -> str | None:
+    """A sentence when a record's device is not the one expected, else None.
+
+    A GPU named in the profile is matched by its hardware-table key; this machine (``gpu: auto``)
+    by kind and name (a CPU has no table key)."""
+    def label(d):
+        return d.get("label") or d.get("table_key") or d.get("name") or "an unknown device"
+
+    if expected.get("kind") is None:                     # the profile names a chip of the hardware table
+        if recorded.get("table_key") != expected.get("table_key"):
+            return f"measured on {label(recorded)}, the profile says {expected.get('table_key')}"
+        return None
+    same = (recorded.get("kind") == expected.get("kind")
+            and (recorded.get("table_key") or recorded.get("name")) == (expected.get("table_key") or expected.get("name")))
+    return None if same else f"measured on {label(recorded)}, this machine is {label(expected)} (profile gpu: auto)"
 
 
 def versions() -> dict:
@@ -63,15 +131,10 @@ def make_record(method: str, method_version: int, params: dict, results: dict,
 
 
 def save_record(record: dict, out_dir: str | os.PathLike, name: str | None = None) -> Path:
-    """Write ``record`` as ``<out_dir>/<method>[-name].json`` atomically; return the path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``record`` as ``<out_dir>/<method>[-name].json`` atomically and durably (``fsutil``: a
+    measurement is expensive to redo); return the path."""
     stem = record["method"] + (f"-{name}" if name else "")
-    path = out / f"{stem}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(Path(out_dir) / f"{stem}.json", json.dumps(record, indent=1, default=str))
 
 
 def load_records(folder: str | os.PathLike, method: str | None = None) -> list[dict]:

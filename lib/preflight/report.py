@@ -6,10 +6,11 @@ field is used: a report never shows a file that breaks the contract, it names th
 
 ``index.html`` reads like an audit: project, machine, date and versions; a verdict table with one
 row per chapter (one pitfall each): its worst verdict, the deciding number (the worst finding's
-value and unit), the threshold it was judged against and the fix; then one section per chapter with
-every finding and the chapter's key charts, each linked to its full chapter page (the executed
-notebook converted to HTML). No script, no external URL: charts are inline SVG, styles inline, and
-every string that came from the user (project, notes, paths) goes through :func:`esc`.
+value and unit), the threshold it was judged against and the fix, under the chapter's pitfall (from
+``preflight.chapters.registry``); then one section per chapter with every finding and the chapter's
+key charts, each linked to its full chapter page (the executed notebook converted to HTML). No
+script, no external URL: charts are inline SVG, styles inline, and every string that came from the
+user (project, notes, paths) goes through :func:`esc`.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import functools
 import html
 import json
 import math
-import os
 import re
 from pathlib import Path
 
+from preflight.chapters.registry import BY_NAME
 from preflight.findings import SCHEMA_PATH, VERDICT_RANK
+from preflight.fsutil import atomic_write_text
 
 SCHEMA_TAG = "preflight-findings/1"
 
@@ -209,6 +211,12 @@ def chapter_title(c: dict) -> str:
     return c["title"] if c["title"].lower().startswith("chapter") else f"{c['number']}. {c['title']}"
 
 
+def chapter_pitfall(c: dict) -> str:
+    """The pitfall a chapter is about (``preflight.chapters.registry``); '' for a chapter it does not list."""
+    registered = BY_NAME.get(c["name"])
+    return registered.pitfall if registered and registered.number == c["number"] else ""
+
+
 def chapter_page(c: dict) -> str:
     return Path(c["notebook"]).stem + ".html"
 
@@ -246,9 +254,10 @@ def index_html(summary: dict, out_dir: Path) -> str:
     rows, sections = [], []
     for c in summary["chapters"]:
         found, d = by_ch[c["number"]], deciding(by_ch[c["number"]])
+        pitfall = f"pitfall: {esc(chapter_pitfall(c))}<br>" if chapter_pitfall(c) else ""
         rows.append(
             f"<td><a href='{esc(chapter_page(c))}'>{esc(chapter_title(c))}</a>"
-            f"<br><span class='meta'>{esc(_counts(found))}</span></td>"
+            f"<br><span class='meta'>{pitfall}{esc(_counts(found))}</span></td>"
             f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
             f"<td class='num'>{esc(fmt_value(d['value'], d['unit'])) if d else ''}</td>"
             f"<td>{esc(d['threshold']) if d else ''}</td><td>{esc(d['fix']) if d else ''}</td>")
@@ -303,18 +312,10 @@ def write_report(summary: dict | None, out_dir: Path) -> Path:
                     f"<p>This page could not be rendered ({esc(type(err).__name__)}: {esc(str(err)[:300])}). "
                     f"The chapter ran: its findings are in the summary, its outputs in the executed notebook "
                     f"<a href='{esc(c['notebook'])}'>{esc(c['notebook'])}</a>.</p>"))
-            _write_atomic(out_dir / chapter_page(c), html)
+            atomic_write_text(out_dir / chapter_page(c), html, fsync=False)
     index = out_dir / "index.html"
-    _write_atomic(index, index_html(data, out_dir))      # last: its presence means the report is complete
+    atomic_write_text(index, index_html(data, out_dir), fsync=False)   # last: its presence means the report is complete
     return index
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a temporary file next to ``path`` and rename it over: a kill leaves the old page or the
-    new one, never half of one (the audit removes stray ``.*.tmp`` files)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 _REF = re.compile(r"""(?:src|href|xlink:href)\s*=\s*["']?\s*((?:https?:)?//[^"'\s>]+)|url\(\s*["']?((?:https?:)?//[^)"']+)""",

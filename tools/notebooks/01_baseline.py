@@ -32,6 +32,8 @@ quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 
 # %%
+import os
+
 import pandas as pd
 
 from preflight.chapter import start
@@ -57,7 +59,7 @@ ch.announce()
 # %%
 from preflight.bench import ceilings
 
-ceil = ch.measurement("ceilings", lambda: ceilings.measure(ch.torch_device, quick=ch.quick))
+ceil = ch.measurement(ceilings.METHOD, lambda: ceilings.measure(ch.torch_device, quick=ch.quick))
 if ceil:
     r = ceil.results
     rows = [("matmul", f"{r['matmul']['tflops']:.3g} TFLOP/s ({r['matmul']['dtype']}, n={r['matmul']['n']})"),
@@ -88,7 +90,7 @@ else:
 # %%
 from preflight.bench import baseline as bench_baseline
 
-base = ch.measurement("baseline", lambda: bench_baseline.measure_baseline(ch.torch_device, quick=ch.quick))
+base = ch.measurement(bench_baseline.METHOD, lambda: bench_baseline.measure_baseline(ch.torch_device, quick=ch.quick))
 if base:
     r = base.results
     print(base.source)
@@ -139,7 +141,7 @@ if base:
 # %%
 from preflight.bench import fusion as bench_fusion
 
-fus = ch.measurement("fusion", lambda: bench_fusion.measure_fusion(ch.torch_device, quick=ch.quick))
+fus = ch.measurement(bench_fusion.METHOD, lambda: bench_fusion.measure_fusion(ch.torch_device, quick=ch.quick))
 if fus and fus.results.get("available"):
     fr = fus.results
     ch.show("fusion", charts.bars(pd.DataFrame({
@@ -173,11 +175,13 @@ B.add_measured_findings(ch.findings, base, fus)
 # %%
 ts, tc = B.serial_parallel(prof)
 ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus))
-curve_measured = None
-if ch.results_dir:
-    from preflight.bench import scaling as bench_scaling
-    recorded = bench_scaling.load_stage_records(ch.results_dir)
-    curve_measured = bench_scaling.measured_efficiencies(recorded) if len(recorded) else None
+from preflight.bench import scaling as bench_scaling
+
+stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
+scal = ch.measurement_set(bench_scaling.METHOD, lambda: bench_scaling.measure_stages(stage_dir, quick=ch.quick))
+stages = bench_scaling.stages_frame(scal.results["records"]) if scal else None
+# recorded stages (your cluster's, --results) replace the model's points on the curve; this machine's do not
+curve_measured = bench_scaling.measured_efficiencies(stages) if scal and scal.origin == "recorded" else None
 curve = B.plan_curve(prof, curve_measured)
 B.add_plan_findings(ch.findings, prof, curve)
 if base:
@@ -210,22 +214,10 @@ else:
 # `--results DIR` puts those points on the curve in place of the model.
 
 # %%
-stages, stages_source = None, f"measured on {ch.device.label}"
-if ch.results_dir and curve_measured:
-    stages, stages_source = recorded, f"recorded ({ch.results_dir})"
+if stages is not None:
+    print(scal.source)
     ch.table(stages)
-elif ch.measure:
-    from preflight.bench import scaling as bench_scaling
-    import os
-    n_max, unit = bench_scaling.max_processes()
-    if n_max < 2:                  # e.g. one GPU: NCCL takes one rank per GPU
-        print(f"Only {n_max} {unit} here: a scaling stage needs 2. Measure the stages on your cluster "
-              "(slurm/scaling_stages.sbatch) and pass them with --results.")
-    else:
-        stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
-        stages = bench_scaling.run_stages(out=stage_dir, quick=ch.quick)
-        ch.table(stages)
-B.add_measured_scaling(ch.findings, stages, stages_source,
+B.add_measured_scaling(ch.findings, stages, scal.source if scal else "not measured",
                        judged=stages is not None and not str(stages["unit"].iloc[0]).startswith("processes"))
 ch.table(curve)
 ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve["efficiency_measured"].notna()]))
@@ -285,7 +277,7 @@ if interactive and mem["plan"] is not None:
 # %%
 from preflight.bench import memory as bench_memory
 
-memm = ch.measurement("memory", lambda: bench_memory.measure_memory(ch.torch_device, quick=ch.quick))
+memm = ch.measurement(bench_memory.METHOD, lambda: bench_memory.measure_memory(ch.torch_device, quick=ch.quick))
 if memm:
     r = memm.results
     print(memm.source, "-", ", ".join(f"{k}={v}" for k, v in r["config"].items() if isinstance(v, (int, float, str))))

@@ -44,6 +44,7 @@ import pandas as pd
 
 from preflight import REPO, charts
 from preflight.chapter import start
+from preflight.bench import datapipe
 from preflight.chapters import data_pipeline as C
 from preflight.findings import judge
 from preflight.models import data as M
@@ -52,7 +53,7 @@ ch = start("data_pipeline", profile_path, findings_path or None, plan_only, resu
            out_dir or None, quick=quick)
 prof = ch.profile
 if ch.quick:
-    files, shard_size = min(files, 2000), "1MB"
+    files, shard_size = min(files, datapipe.QUICK["files"]), datapipe.QUICK["shard_size"]
 scratch = data_dir or prof.data.scratch_dir      # the storage to test: the profile's, or this repository's disk
 work = os.path.join(scratch, "preflight-chapter2") if scratch else str(REPO / ".cache" / "data_pipeline")
 print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
@@ -90,25 +91,10 @@ ch.table(C.listing_table(prof))
 # table above adds.
 
 # %%
-from preflight.bench import datapipe
 from preflight.shards import parse_size
 
-def dataset():
-    """The two layouts in ``work`` (made once, reused while files/shard_size stay the same)."""
-    return datapipe.prepare(work, files, parse_size(shard_size))
-
-def measure_pipe():
-    info = dataset()
-    dev = ch.torch_device
-    return {"dataset": info,
-            "storage": datapipe.measure_storage(info["small"], info["shards"], files, repeats=1 if ch.quick else 3),
-            "preprocessing": datapipe.preprocessing_rate(info["shards"], 500 if ch.quick else 2000),
-            "assembly": datapipe.batch_assembly(info["small"], info["shards"], files),
-            "consume": datapipe.consume_rate(dev, batch),
-            "h2d": datapipe.h2d_copy(dev, batch),
-            "cores": os.cpu_count()}
-
-pipe = ch.measurement("datapipe", measure_pipe, version=datapipe.METHOD_VERSION)
+pipe = ch.measurement(datapipe.METHOD, lambda: datapipe.measure(work, files, parse_size(shard_size), ch.torch_device,
+                                                                  batch, quick=ch.quick))
 if pipe:
     r = pipe.results
     st = r["storage"]
@@ -176,18 +162,14 @@ if pipe:
 # %%
 from preflight.bench import loadtune
 
-def measure_tune():
-    c = pipe.results["consume"]
-    settings = loadtune.grid(len(os.sched_getaffinity(0)), ch.device.is_gpu, quick=ch.quick,
-                             max_workers=pipe.results["dataset"]["shard_count"])
-    shard_dir = dataset()["shards"]
-    res = loadtune.sweep(shard_dir, ch.torch_device, batch, c["step_s"], settings, steps=12 if ch.quick else 40)
-    res["traces"] = loadtune.traces(shard_dir, ch.torch_device, batch, c["step_s"],
-                                    [r for r in res["rows"] if r["num_workers"] == 0][0], res["best"],
-                                    steps=12 if ch.quick else 40)
-    return res
+def shards_dir():
+    """The shards to tune on: the measured test set where it is on this machine, else made here."""
+    d = pipe.results["dataset"].get("shards")
+    return d if d and os.path.isdir(d) else datapipe.prepare(work, files, parse_size(shard_size))["shards"]
 
-tune = ch.measurement("loadtune", measure_tune) if pipe else None
+tune = ch.measurement(loadtune.TUNE, lambda: loadtune.measure_tune(
+    shards_dir(), ch.torch_device, batch, pipe.results["consume"]["step_s"], pipe.results["dataset"]["shard_count"],
+    ch.device.is_gpu, quick=ch.quick)) if pipe else None
 if tune:
     t = tune.results
     print(f"{tune.source}; consumer: {t['consumer']}")
@@ -216,9 +198,9 @@ if tune:
     tr["wait_ms"] = tr["wait_s"] * 1e3
     ch.show("trace", charts.step_trace(tr, title="Per-step data wait and queue depth"))
 
-overhead = (ch.measurement("loadmon_overhead", lambda: loadtune.instrumentation_overhead(
-    dataset()["shards"], ch.torch_device, batch, pipe.results["consume"]["step_s"],
-    tune.results["best"], steps=12 if ch.quick else 30, repeats=2 if ch.quick else 3)) if tune else None)
+overhead = (ch.measurement(loadtune.OVERHEAD, lambda: loadtune.measure_overhead(
+    shards_dir(), ch.torch_device, batch, pipe.results["consume"]["step_s"], tune.results["best"], quick=ch.quick))
+    if tune else None)
 if overhead:
     o = overhead.results
     print(f"bookkeeping {o['bookkeeping_s_per_step'] * 1e6:.1f} us per step = {o['bookkeeping_share_of_step']:.3%} "

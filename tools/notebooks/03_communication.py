@@ -78,9 +78,9 @@ if interactive:
 
     from preflight.widgets import allreduce_explorer
     tier = "InfiniBand HDR 200 Gb/s per GPU"
-    display(allreduce_explorer(prof.model.params / (prof.training.tp * prof.training.pp), p["dp"],
-                               prof.training.grad_dtype, tier, prof.training.step_compute_s,
-                               prof.training.step_serial_s, prof.cluster.gpus_per_node, prof.cluster.intra_node_GBps))
+    display(allreduce_explorer(prof.model.params, p["dp"], prof.training.grad_dtype, tier,
+                               prof.training.step_compute_s, prof.training.step_serial_s, prof.cluster.gpus_per_node,
+                               prof.cluster.intra_node_GBps, tp=prof.training.tp, pp=prof.training.pp))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
@@ -102,19 +102,12 @@ else:
 
 # %%
 from preflight.bench import allreduce as bench_allreduce
-from preflight.bench.scaling import max_processes
+from preflight.bench.launch import max_processes
 
 nproc = min(max_processes()[0], 8) if ch.device.is_gpu else 2
-nccl_log = ""
-
-def measure_sweep():
-    global nccl_log
-    df = bench_allreduce.run_sweep(nproc=nproc, quick=ch.quick)
-    nccl_log = df.attrs.get("log", "")          # NCCL_DEBUG=INFO output on GPUs
-    return df.attrs["record"]["results"]
-
-sweep = (ch.measurement("allreduce", measure_sweep, version=bench_allreduce.METHOD_VERSION, name=f"n{nproc}")
+sweep = (ch.measurement(bench_allreduce.METHOD, lambda: bench_allreduce.measure(nproc, quick=ch.quick), name=f"n{nproc}")
          if nproc >= 2 else None)
+nccl_log = sweep.results.get("nccl_log", "") if sweep else ""      # NCCL_DEBUG=INFO lines, on GPUs
 if sweep:
     sw = bench_allreduce.sweep_frame({"results": sweep.results})
     print(f"{sweep.source}: {sweep.results['world_size']} ranks, {sweep.results.get('backend')}")
@@ -153,8 +146,7 @@ C.add_sweep_findings(ch.findings, prof, sweep,
 from preflight.bench import overlap as bench_overlap
 
 def _overlap(mode):
-    return ch.measurement("overlap", lambda: bench_overlap.run_overlap(mode, nproc=2, quick=ch.quick).attrs["record"]["results"],
-                          version=bench_overlap.METHOD_VERSION, name=mode,
+    return ch.measurement(bench_overlap.METHOD, lambda: bench_overlap.measure(mode, quick=ch.quick), name=mode,
                           match=lambda r: r["results"].get("mode") == mode)
 
 # 2 ranks always: on GPUs when there are 2, else on the CPU (gloo), where the emulated mode shows overlap

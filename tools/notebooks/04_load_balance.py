@@ -61,7 +61,7 @@ ch.show("padding_waste", charts.bars(pad_table.assign(**{"waste (%)": pad_table[
 # %%
 from preflight.bench import padding as bench_padding
 
-padm = ch.measurement("padding", lambda: bench_padding.measure_padding(ch.torch_device, quick=ch.quick))
+padm = ch.measurement(bench_padding.METHOD, lambda: bench_padding.measure_padding(ch.torch_device, quick=ch.quick))
 if padm:
     rows = pd.DataFrame(padm.results["rows"])
     print(padm.source, "-", ", ".join(f"{k}={v}" for k, v in padm.results["config"].items()
@@ -150,16 +150,7 @@ else:
 # %%
 from preflight.bench import pipeline as bench_pipeline
 
-def measure_bubbles():
-    if ch.quick:
-        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True).assign(requested="1f1b")]
-    else:
-        runs = [bench_pipeline.measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
-                bench_pipeline.measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
-                bench_pipeline.measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b")]
-    return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
-
-bub = ch.measurement("pipeline_bubble", measure_bubbles)
+bub = ch.measurement(bench_pipeline.BUBBLES, lambda: bench_pipeline.measure_bubbles(quick=ch.quick))
 if bub:
     br = pd.DataFrame(bub.results["rows"])
     print(bub.source)
@@ -185,22 +176,7 @@ if bub:
 # both partitions then run through the real pipeline.
 
 # %%
-def measure_partition():
-    p, m = 2, 8
-    layers = bench_pipeline.layer_times(bench_pipeline.stage_device(p), quick=ch.quick)   # where the stages run
-    times = [x["time_s"] for x in layers]
-    by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
-    runs = {}
-    for name, parts in (("count", by_count), ("time", by_time)):
-        runs[name] = bench_pipeline.run_partition([part[0] for part in parts], p=p, m=m, quick=ch.quick)
-    return {"p": p, "m": m, "layers": layers, "by_count": by_count, "by_time": by_time,
-            "bottleneck_count_s": P.bottleneck(times, by_count), "bottleneck_time_s": P.bottleneck(times, by_time),
-            "predicted_gain": P.partition_gain(times, p),
-            "throughput_count": runs["count"]["throughput"], "throughput_time": runs["time"]["throughput"],
-            "measured_gain": runs["time"]["throughput"] / runs["count"]["throughput"],
-            "ranks": {k: v.get("ranks", []) for k, v in runs.items()}}
-
-part = ch.measurement("partition", measure_partition)
+part = ch.measurement(bench_pipeline.PARTITION, lambda: bench_pipeline.measure_partition(quick=ch.quick))
 if part:
     r = part.results
     print(part.source)

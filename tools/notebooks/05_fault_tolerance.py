@@ -156,7 +156,7 @@ if interactive:
 # %%
 from preflight.bench import resume as bench_resume
 
-res = ch.measurement("resume", lambda: bench_resume.measure_resume(work / "resume", quick=ch.quick))
+res = ch.measurement(bench_resume.METHOD, lambda: bench_resume.measure_resume(work / "resume", quick=ch.quick))
 if res:
     r = res.results
     print(res.source)
@@ -191,7 +191,7 @@ if res:
 # %%
 from preflight.bench import ckptstall
 
-stall = ch.measurement("ckptstall", lambda: ckptstall.measure_stall(work / "stall", shared_dir=shared, quick=ch.quick))
+stall = ch.measurement(ckptstall.METHOD, lambda: ckptstall.measure_stall(work / "stall", shared_dir=shared, quick=ch.quick))
 if stall:
     print(stall.source)
     st = pd.DataFrame(stall.results["rows"])
@@ -266,7 +266,7 @@ shutil.rmtree(demo, ignore_errors=True)
 # %%
 from preflight.bench import elastic as bench_elastic
 
-ela = ch.measurement("elastic", lambda: bench_elastic.measure_elastic(work / "elastic", quick=ch.quick))
+ela = ch.measurement(bench_elastic.METHOD, lambda: bench_elastic.measure_elastic(work / "elastic", quick=ch.quick))
 if ela:
     e = ela.results
     print(ela.source)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,8 +49,9 @@ from pathlib import Path
 from preflight.models.comm import busbw_factor, fit_alpha_beta, ring_allreduce_time
 
 from preflight.bench import exit_worker
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "allreduce", 1
+METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"))
 DTYPES = {"float32": 4, "bfloat16": 2}
 MAX_BYTES_LIMIT = 4 * 1024**3
 QUICK_MAX_BYTES = 16 * 1024**2
@@ -128,7 +128,7 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.scaling import init_distributed
+    from preflight.bench.launch import init_distributed
     from preflight.device import probe
     from preflight.records import make_record, save_record
 
@@ -152,7 +152,7 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
             params = {"sizes": sizes, "iters": iters, "dtype": dtype, "warmup_iters": WARMUP_ITERS,
                       "min_iters": MIN_ITERS, "seconds_per_size": SECONDS_PER_SIZE,
                       "omp_num_threads": torch.get_num_threads()}
-            record = make_record(METHOD, METHOD_VERSION, params, results, device=info.as_dict())
+            record = METHOD.record(params, results, device=info.as_dict())
             save_record(record, out, name=f"n{world}")
         dist.barrier()                # field notes: without it ~1 run in 8 aborted at exit
         return record
@@ -186,7 +186,7 @@ def load_sweeps(folder) -> list[dict]:
     oldest first."""
     from preflight.records import load_records
 
-    return load_records(folder, METHOD)
+    return load_records(folder, METHOD.name)
 
 
 def run_sweep(nproc: int = 2, out=None, quick: bool = False, timeout: float = 300.0, iters: int | None = None,
@@ -197,7 +197,7 @@ def run_sweep(nproc: int = 2, out=None, quick: bool = False, timeout: float = 30
     CPU each rank needs its own core (OMP_NUM_THREADS=1), and oversubscribed ranks measure the
     scheduler (field notes: 3-4 processes on 2 cores turn a 0.4 ms all-reduce into ~5 ms).
     """
-    from preflight.bench.scaling import _run, max_processes
+    from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
 
     limit, unit = max_processes()
     if not 1 <= nproc <= limit:
@@ -213,15 +213,25 @@ def run_sweep(nproc: int = 2, out=None, quick: bool = False, timeout: float = 30
             env["OMP_NUM_THREADS"] = "1"
         else:       # GPUs: keep NCCL's INFO log, so the chapter can show which transport it chose
             env.setdefault("NCCL_DEBUG", "INFO")
-        log = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-              "-m", "preflight.bench.allreduce", "--out", str(out_dir), *args], env, timeout)
-        path = out_dir / f"{METHOD}-n{nproc}.json"
+        log = run_torchrun(torchrun_cmd(nproc, "preflight.bench.allreduce", "--out", out_dir, *args), env, timeout)
+        path = out_dir / f"{METHOD.name}-n{nproc}.json"
         record = json.loads(path.read_text())
     if out is not None:
         record["_path"] = str(path)
     df = sweep_frame(record)
     df.attrs["log"] = log
     return df
+
+
+def measure(nproc: int = 2, quick: bool = False) -> dict:
+    """Method ``allreduce`` as chapter 3 runs it on this machine: the sweep at ``nproc`` ranks (the
+    record's results), with the NCCL_DEBUG=INFO lines of the run (GPUs; at most 400) as ``nccl_log``,
+    so that the transports NCCL chose are read from the same record. Under torchrun / srun the
+    worker writes this record itself (without the log: read the job's output with
+    ``preflight.nccl_log``)."""
+    df = run_sweep(nproc=nproc, quick=quick)
+    lines = [x for x in (df.attrs.get("log") or "").splitlines() if "NCCL INFO" in x]
+    return dict(df.attrs["record"]["results"], nccl_log="\n".join(lines[:400]))
 
 
 # --- command line -----------------------------------------------------------------------------------

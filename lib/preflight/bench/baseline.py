@@ -36,6 +36,9 @@ from preflight.bench.nvml import NvmlSampler
 from preflight.bench.savedtensors import SavedTensors
 from preflight.models.flops import mfu, train_flops_per_token
 from preflight.timing import StepTimer, synchronize
+from preflight.records import Method
+
+METHOD = Method("baseline", 1, required=("composition", "categories", "flops", "mfu", "memory", "throughput"))
 
 # ------------------------------------------------------------------------------------------- data
 class SyntheticTokens(Dataset):
@@ -290,7 +293,7 @@ def ops_frame(result: dict):
 
 # ------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.baseline", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results folder")
@@ -304,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = launch_rank()
     params = {"quick": args.quick, "steps": res["throughput"]["steps"], "device": str(dev), "rank": rank,
               "config": res["config"]}
-    path = save_record(make_record("baseline", 1, params, res), args.out,
+    path = save_record(METHOD.record(params, res), args.out,
                        name=f"rank{rank}" if rank is not None else None)
     tp, m = res["throughput"], res["mfu"]
     mb = res["memory_bound_share"]

@@ -26,6 +26,9 @@ import torch
 from preflight import hardware
 from preflight.device import default_device, device_name, launch_rank, local_rank, on_device
 from preflight.timing import time_fn
+from preflight.records import Method
+
+METHOD = Method("ceilings", 1, required=("matmul.tflops", "matmul.dtype", "matmul.n", "memcopy.GBps", "h2d"))
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -146,7 +149,7 @@ def measure(device=None, quick: bool = False) -> dict:
 
 # ---------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.ceilings", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results folder (one JSON record per rank)")
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(dev, quick=args.quick)
     params = {"quick": args.quick, "device": str(dev), "rank": rank, "local_rank": local_rank(),
               "world_size": int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))}
-    path = save_record(make_record("ceilings", 1, params, results), args.out,
+    path = save_record(METHOD.record(params, results), args.out,
                        name=f"rank{rank}" if rank is not None else None)
     mm, mc, h2d = results["matmul"], results["memcopy"], results["h2d"]
     line = (f"[{path.name}] {dev}: matmul {mm['dtype']} n={mm['n']} {mm['tflops']:.2f} TFLOP/s, "

@@ -60,11 +60,12 @@ from pathlib import Path
 
 from preflight.bench.ckptstate import (ASYNC, BATCH, DESCRIPTIONS, DIN, METHODS, Methods, Trainer, mlp_for,
                                        one_checkpoint, quiet_dcp, state_bytes)
+from preflight.records import Method
 
-__all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "METHOD_VERSION", "QUICK_MB", "main",
+__all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "QUICK_MB", "main",
            "measure_stall", "mlp_for", "state_bytes", "summary"]
 
-METHOD, METHOD_VERSION = "ckptstall", 1
+METHOD = Method("ckptstall", 1, required=("rows", "config"))
 QUICK_MB, FULL_MB = 20.0, 200.0
 BASELINE_STEPS = 5           # plain training steps timed per round
 
@@ -220,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     res = measure_stall(args.workdir, shared_dir=args.shared_dir, quick=args.quick, size_mb=args.size_mb,
                         repeats=args.repeats)
     if args.out:
-        from preflight.records import make_record, save_record
+        from preflight.records import save_record
 
-        rec = make_record(METHOD, METHOD_VERSION, {"quick": args.quick, "config": res["config"]}, res)
+        rec = METHOD.record({"quick": args.quick, "config": res["config"]}, res)
         path = save_record(rec, args.out)
         print(f"record -> {path}", file=sys.stderr if args.json else sys.stdout)
     if args.json:

@@ -23,7 +23,13 @@ import numpy as np
 
 from preflight.bench import samples as S
 
-METHOD_VERSION = 1
+from preflight.records import Method
+
+METHOD = Method("datapipe", 1, required=("dataset.shard_count", "dataset.params.files", "storage.filesystem",
+                                         "preprocessing", "assembly", "consume.step_s", "h2d", "cores"))
+DATASET_FORMAT = 1                # the test dataset's layout; a change rebuilds it (``prepare``)
+DEFAULT = {"files": 20_000, "shard_size": "8MB"}   # the demo set (real data: 200-500 MB shards)
+QUICK = {"files": 2000, "shard_size": "1MB"}       # --quick / a quick audit: a smoke-test dataset
 
 
 # ---------------------------------------------------------------- the two layouts of one dataset
@@ -36,7 +42,7 @@ def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0
 
     work = Path(work)
     stamp = work / "dataset.json"
-    want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": METHOD_VERSION}
+    want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": DATASET_FORMAT}
     if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
         return dict(json.loads(stamp.read_text()), reused=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -274,38 +280,55 @@ def h2d_copy(device, batch: int, repeats: int = 20) -> dict:
             "pinned_speedup": pg.median_s / pn.median_s}
 
 
-def main(argv=None) -> None:
+def measure(work: str | os.PathLike, files: int, shard_bytes: int, device, batch: int = 64,
+            quick: bool = False) -> dict:
+    """Method ``datapipe``: the dataset made (or reused) in ``work``, then every break point of the
+    chain against what ``device`` consumes at ``batch`` samples per step. The command line and
+    chapter 2 both call this and write / read the same record."""
+    info = prepare(work, files, shard_bytes)
+    return {"dataset": info,
+            "storage": measure_storage(info["small"], info["shards"], files, repeats=1 if quick else 3),
+            "preprocessing": preprocessing_rate(info["shards"], 500 if quick else 2000),
+            "assembly": batch_assembly(info["small"], info["shards"], files),
+            "consume": consume_rate(device, batch), "h2d": h2d_copy(device, batch),
+            "cores": os.cpu_count()}
+
+
+def main(argv=None) -> int:
     from preflight import device as D
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
     from preflight.shards import parse_size
 
-    ap = argparse.ArgumentParser(description="Small files vs shards, and the break points, on this machine.")
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.datapipe",
+                                 description="Small files vs shards, and the break points, on this machine.")
     ap.add_argument("--work", required=True, help="scratch folder on the storage to test")
-    ap.add_argument("--files", type=int, default=20_000)
-    ap.add_argument("--shard-size", default="8MB")
+    ap.add_argument("--files", type=int, default=None, help="small files to generate (default 20,000; 2,000 quick)")
+    ap.add_argument("--shard-size", default=None, help="shard size of the test set (default 8MB; 1MB quick)")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="a small dataset: a smoke test")
     ap.add_argument("--out", help="folder for the JSON record")
     a = ap.parse_args(argv)
-    if not 1 <= a.files <= 100_000_000:
-        ap.error(f"--files = {a.files}: accepted range is 1 to 100,000,000")
+    sizes = QUICK if a.quick else DEFAULT
+    files = a.files if a.files is not None else sizes["files"]
+    if not 1 <= files <= 100_000_000:
+        ap.error(f"--files = {files}: accepted range is 1 to 100,000,000")
     if not 1 <= a.batch <= 65_536:
         ap.error(f"--batch = {a.batch}: accepted range is 1 to 65,536")
     try:
-        shard_bytes = parse_size(a.shard_size)
+        shard_bytes = parse_size(a.shard_size or sizes["shard_size"])
     except ValueError as err:
         ap.error(f"--shard-size = {a.shard_size!r}: {err}")
-    info = prepare(a.work, a.files, shard_bytes)
+    if not 1 <= shard_bytes <= 1 << 40:
+        ap.error(f"--shard-size = {a.shard_size!r}: accepted range is 1 byte to 1 TiB")
     where = D.probe()
-    dev = D.torch_device(where)
-    res = {"dataset": info, "storage": measure_storage(info["small"], info["shards"], a.files),
-           "preprocessing": preprocessing_rate(info["shards"]),
-           "assembly": batch_assembly(info["small"], info["shards"], a.files),
-           "consume": consume_rate(dev, a.batch), "h2d": h2d_copy(dev, a.batch)}
-    rec = make_record("datapipe", METHOD_VERSION, vars(a), res, where.as_dict())
+    res = measure(a.work, files, shard_bytes, D.torch_device(where), a.batch, quick=a.quick)
+    rec = METHOD.record({"quick": a.quick, "work": a.work, "files": files, "shard_bytes": shard_bytes,
+                         "batch": a.batch}, res, where.as_dict())
     print(json.dumps(res, indent=1))
     if a.out:
         print(save_record(rec, a.out))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

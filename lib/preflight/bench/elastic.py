@@ -24,24 +24,23 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench.scaling import _free_port
+from preflight.bench.launch import free_port, run_torchrun
 from preflight.bench.trainloop import read_log
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "elastic", 1
+METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s", "time_to_regain_s", "final_loss_equal", "wall_s"))
 TIMEOUT_S = 300
 
 
 def torchrun_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, nproc: int, max_restarts: int,
                  *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
             "--rdzv-id=preflight-elastic", "--monitor-interval=0.5",
             "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ckpt_dir), "--losses", str(log),
             "--steps", str(steps), "--ckpt-every", str(every), *extra]
@@ -50,17 +49,7 @@ def torchrun_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, nproc: int, 
 def _run(cmd: list[str], timeout: float = TIMEOUT_S) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1",
                CUDA_VISIBLE_DEVICES="")      # CPU ranks (gloo): no CUDA start-up inside the recovery time
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise TimeoutError(f"torchrun did not finish within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun exited with {proc.returncode}:\n" + "\n".join(out.splitlines()[-40:]))
-    return out
+    return run_torchrun(cmd, env, timeout)
 
 
 def measure_elastic(workdir: str | os.PathLike | None = None, steps: int = 120, every: int = 20,
@@ -109,11 +98,17 @@ def measure_elastic(workdir: str | os.PathLike | None = None, steps: int = 120, 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.elastic", description=__doc__.split("\n")[0])
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workdir", default=None, help="where the runs write (default: a temporary folder, removed)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps: a smoke test")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--out", help="results folder for the versioned record (elastic.json)")
     a = ap.parse_args(argv)
     res = measure_elastic(a.workdir, quick=a.quick)
+    if a.out:
+        from preflight.records import save_record
+
+        path = save_record(METHOD.record({"quick": a.quick}, res), a.out)
+        print(f"record -> {path}", file=sys.stderr if a.json else sys.stdout)
     if a.json:
         print(json.dumps(res, indent=1))
     else:

@@ -63,8 +63,9 @@ from torch.nn import functional as F
 from preflight.bench.categories import (CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table,
                                         profiler_log_filtered)
 from preflight.timing import summarize, synchronize, time_fn
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "fusion", 1
+METHOD = Method("fusion", 1, required=("available",))
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (tests, smoke runs)")
     args = ap.parse_args(argv)
     res = measure_fusion(quick=args.quick)
-    rec = make_record(METHOD, METHOD_VERSION, {"quick": args.quick, "config": res["config"]}, res)
+    rec = METHOD.record({"quick": args.quick, "config": res["config"]}, res)
     path = save_record(rec, args.out)
     if res["available"]:
         print(f"fusion: fwd+bwd eager {res['eager_fwd_bwd_s'] * 1e3:.2f} ms, compiled "

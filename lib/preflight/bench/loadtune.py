@@ -24,7 +24,11 @@ import time
 from preflight import loadmon
 from preflight.bench import datapipe
 from preflight.models import data as M
+from preflight.records import Method
 
+TUNE = Method("loadtune", 1, required=("rows", "best.idle_share", "consumer", "consume_samples_per_s", "traces"))
+OVERHEAD = Method("loadmon_overhead", 1, required=("bookkeeping_s_per_step", "bookkeeping_share_of_step",
+                                                   "overhead_fraction", "with_s", "without_s"))
 SKIP_STEPS = 2          # worker start-up lands in the first steps: not part of the steady state
 
 
@@ -178,3 +182,61 @@ def instrumentation_overhead(shard_dir: str, device, batch: int, step_s: float, 
     o["step_s"] = step_s
     o["bookkeeping_share_of_step"] = o["bookkeeping_s_per_step"] / step_s
     return o
+
+
+# ------------------------------------------------------------- the two methods, as chapter 2 runs them
+def measure_tune(shard_dir: str, device, batch: int, step_s: float, max_workers: int | None = None,
+                 gpu: bool = False, quick: bool = False) -> dict:
+    """Method ``loadtune``: the grid for this machine's usable cores (no more workers than
+    ``max_workers``, the shard count), swept against a consumer of ``step_s`` per step, plus the
+    per-step traces of the default (no workers) and the best setting."""
+    settings = grid(len(os.sched_getaffinity(0)), gpu, quick=quick, max_workers=max_workers)
+    steps = 12 if quick else 40
+    res = sweep(shard_dir, device, batch, step_s, settings, steps=steps)
+    default = next(r for r in res["rows"] if r["num_workers"] == 0)
+    res["traces"] = traces(shard_dir, device, batch, step_s, default, res["best"], steps=steps)
+    return res
+
+
+def measure_overhead(shard_dir: str, device, batch: int, step_s: float, setting: dict,
+                     quick: bool = False) -> dict:
+    """Method ``loadmon_overhead``: what the loader monitor costs at ``setting`` (the tuner's best)."""
+    return instrumentation_overhead(shard_dir, device, batch, step_s, setting,
+                                    steps=12 if quick else 30, repeats=2 if quick else 3)
+
+
+def main(argv=None) -> int:
+    """``python -m preflight.bench.loadtune --work DIR --out DIR``: the tuner and the monitor's cost on
+    the shards of the test set in DIR (made there as ``bench.datapipe`` makes it, or reused)."""
+    import argparse
+
+    from preflight import device as D
+    from preflight.records import save_record
+    from preflight.shards import parse_size
+
+    ap = argparse.ArgumentParser(prog="python -m preflight.bench.loadtune",
+                                 description="DataLoader workers x prefetch x pin_memory against the device's rate.")
+    ap.add_argument("--work", required=True, help="scratch folder on the storage to test (as for bench.datapipe)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="the small test set, fewer steps")
+    ap.add_argument("--out", required=True, help="folder for the JSON records (loadtune, loadmon_overhead)")
+    a = ap.parse_args(argv)
+    if not 1 <= a.batch <= 65_536:
+        ap.error(f"--batch = {a.batch}: accepted range is 1 to 65,536")
+    sizes = datapipe.QUICK if a.quick else datapipe.DEFAULT
+    info = datapipe.prepare(a.work, sizes["files"], parse_size(sizes["shard_size"]))
+    where = D.probe()
+    dev = D.torch_device(where)
+    step_s = datapipe.consume_rate(dev, a.batch)["step_s"]
+    params = {"quick": a.quick, "work": a.work, "batch": a.batch}
+    tune = measure_tune(info["shards"], dev, a.batch, step_s, info["shard_count"], where.is_gpu, a.quick)
+    print(save_record(TUNE.record(params, tune, where.as_dict()), a.out))
+    over = measure_overhead(info["shards"], dev, a.batch, step_s, tune["best"], a.quick)
+    print(save_record(OVERHEAD.record(params, over, where.as_dict()), a.out))
+    print("best:", M.setting_label(tune["best"]), f"- device idle {tune['best']['idle_share']:.1%}; monitor "
+          f"bookkeeping {over['bookkeeping_share_of_step']:.3%} of a step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

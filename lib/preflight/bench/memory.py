@@ -67,8 +67,9 @@ from preflight.bench.savedtensors import SavedTensors, saver_ops
 from preflight.device import default_device, on_device
 from preflight.models import memory as mm
 from preflight.timing import synchronize
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "memory", 1
+METHOD = Method("memory", 1, required=("config", "states", "activations", "peak"))
 
 
 def plan_for(cfg: MemConfig, params: int, precision: str, recompute: str = "none") -> mm.Plan:
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = torch.device(args.device) if args.device else default_device()
     res = measure_memory(dev, quick=args.quick)
-    rec = make_record(METHOD, METHOD_VERSION, {"quick": args.quick, "device": str(dev), "config": res["config"]}, res)
+    rec = METHOD.record({"quick": args.quick, "device": str(dev), "config": res["config"]}, res)
     path = save_record(rec, args.out)
     a, pk = res["activations"], res["peak"]
     print(f"memory ({dev}): states max |error| {max(abs(r['error']) for r in res['states']):.2%}; per layer "

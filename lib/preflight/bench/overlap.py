@@ -40,14 +40,14 @@ import gc
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from preflight.bench import exit_worker
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "overlap", 1
+METHOD = Method("overlap", 1, required=("mode", "label", "rows", "world_size"))
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
            "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd", "ddp_no_sync_k4")
 NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "fp16 gradients",
@@ -225,7 +225,7 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.scaling import init_distributed
+    from preflight.bench.launch import init_distributed
     from preflight.records import make_record, save_record
 
     # real mode: a GPU per local rank, else the CPU (init_distributed); emulated mode: always the CPU
@@ -268,7 +268,7 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
                       "powersgd_rank": POWERSGD_RANK, "start_powerSGD_iter": POWERSGD_START,
                       "accumulation_k": ACCUM_K, "rounds": ROUNDS,
                       "bucket_cap_mb": {"small": 1, "default": "25 (1 MiB first)", "huge": n_params * 4 // 2**20 + 2}}
-            record = make_record(METHOD, METHOD_VERSION, params, res)
+            record = METHOD.record(params, res)
             save_record(record, out, name=f"{mode}-n{world}")
         dist.barrier()               # field notes: without it some runs abort at exit
         return record
@@ -288,7 +288,7 @@ def overlap_frame(record: dict):
 def run_overlap(mode: str = "emulated", nproc: int = 2, out=None, quick: bool = False,
                 timeout: float = 300.0, steps: int | None = None):
     """Run the worker under ``torchrun --standalone --nproc_per_node=nproc``; the table."""
-    from preflight.bench.scaling import _run, max_processes
+    from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
 
     if mode not in ("emulated", "real"):
         raise ValueError(f"mode must be 'emulated' or 'real' (got {mode!r})")
@@ -298,11 +298,16 @@ def run_overlap(mode: str = "emulated", nproc: int = 2, out=None, quick: bool = 
         env = dict(os.environ, TMPDIR=tmp)
         if mode == "emulated" or max_processes()[1].startswith("processes"):
             env["OMP_NUM_THREADS"] = "1"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "preflight.bench.overlap", "--mode", mode, "--out", str(out_dir), "--steps", str(steps)]
-        _run(cmd + (["--quick"] if quick else []), env, timeout)
-        record = json.loads((out_dir / f"{METHOD}-{mode}-n{nproc}.json").read_text())
+        cmd = torchrun_cmd(nproc, "preflight.bench.overlap", "--mode", mode, "--out", out_dir, "--steps", steps)
+        run_torchrun(cmd + (["--quick"] if quick else []), env, timeout)
+        record = json.loads((out_dir / f"{METHOD.name}-{mode}-n{nproc}.json").read_text())
     return overlap_frame(record)
+
+
+def measure(mode: str = "emulated", quick: bool = False) -> dict:
+    """Method ``overlap`` as chapter 3 runs it here: 2 ranks under torchrun; the record's results (the
+    same record ``torchrun --nproc_per_node=N -m preflight.bench.overlap --mode MODE --out DIR`` writes)."""
+    return run_overlap(mode, nproc=2, quick=quick).attrs["record"]["results"]
 
 
 def main(argv: list[str] | None = None) -> int:

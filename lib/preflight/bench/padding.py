@@ -40,8 +40,9 @@ from torch import nn
 
 from preflight.sampling import LengthBucketSampler, pad_collate
 from preflight.timing import synchronize, time_fn
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "padding", 1
+METHOD = Method("padding", 1, required=("rows", "config"))
 STRATEGIES = ("pad_dataset", "pad_batch", "bucketing")
 VOCAB = 256
 
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (tests, smoke runs)")
     args = ap.parse_args(argv)
     res = measure_padding(quick=args.quick)
-    rec = make_record(METHOD, METHOD_VERSION, {"quick": args.quick, "config": res["config"]}, res,
+    rec = METHOD.record({"quick": args.quick, "config": res["config"]}, res,
                       device=probe().as_dict())
     path = save_record(rec, args.out)
     print(format_table(res))

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from itertools import pairwise
@@ -40,7 +39,13 @@ from pathlib import Path
 from preflight.bench import exit_worker
 from preflight.timing import synchronize
 
-METHOD, METHOD_VERSION = "pipeline", 1
+from preflight.records import Method
+
+# One run (the torchrun worker) and the two measurements chapter 4 makes of such runs.
+METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"))
+BUBBLES = Method("pipeline_bubble", 1, required=("rows",))
+PARTITION = Method("partition", 1, required=("p", "m", "layers", "by_count", "by_time", "predicted_gain",
+                                             "measured_gain", "throughput_count", "throughput_time", "ranks"))
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 WARMUP_STEPS = 2
 # sizes by quick (False / True); "mb" is the micro-batch: sequences (hetero), rows (balanced)
@@ -81,7 +86,7 @@ def balanced_layers(quick: bool = False) -> list:
 
 
 def stage_device(p: int):
-    """Where ``p`` pipeline ranks run on this machine (``scaling.init_distributed``'s rule): a GPU
+    """Where ``p`` pipeline ranks run on this machine (``launch.init_distributed``'s rule): a GPU
     each when there are ``p`` GPUs, else the CPU (NCCL refuses two ranks on one GPU)."""
     import torch
 
@@ -132,9 +137,12 @@ def check_partition(boundaries, n_layers: int, n_stages: int) -> list[int]:
 
 # --- the worker ---------------------------------------------------------------------------------------
 
-def _timed(fn, clock: list, device):
-    """``fn``, adding its own duration to ``clock[0]``. On a GPU the device is synchronised at both
-    ends: a kernel launch returns at once, and busy time must be the kernels' time, not the launches'."""
+def _timed(fn, clock: list, device, kind: str = "", stage: int | None = None):
+    """``fn``, adding its own duration to ``clock[0]`` and its interval ``[kind, stage, chunk, start,
+    end]`` to the list ``clock[1]`` (chunk: the micro-batch, ``fn``'s first argument when it is an int;
+    start, end: ``time.perf_counter()``, one monotonic clock for all processes of a Linux machine, so
+    the ranks' timelines compare). On a GPU the device is synchronised at both ends: a kernel launch
+    returns at once, and busy time must be the kernels' time, not the launches'."""
     def wrapper(*args, **kwargs):
         synchronize(device)
         t0 = time.perf_counter()
@@ -142,7 +150,10 @@ def _timed(fn, clock: list, device):
             return fn(*args, **kwargs)
         finally:
             synchronize(device)
-            clock[0] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            clock[0] += t1 - t0
+            chunk = args[0] if args and isinstance(args[0], int) else None
+            clock[1].append([kind, stage, chunk, round(t0, 7), round(t1, 7)])
     return wrapper
 
 
@@ -166,31 +177,31 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
         x, target = torch.randn(m * mb, sizes["d"], device=device), torch.randn(m * mb, sizes["d"], device=device)
         example = lambda i: torch.zeros(mb, sizes["d"], device=device)
         loss = nn.functional.mse_loss
-    clock, stages, placement = [0.0], [], []
+    clock, stages, placement = [0.0, []], [], []
     stage_ids = [rank + k * p for k in range(v)]             # v non-adjacent stages on this rank
     for i in stage_ids:
         part = layers[bounds[i]:bounds[i + 1]]
         stage = pp.PipelineStage(nn.Sequential(*[mod for _, mod in part]).to(device), i, n_stages, device,
                                  input_args=example(i))
-        stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock, device)
-        stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock, device)
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock, device, "F", i)
+        stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock, device, "B", i)
         stages.append(stage)
         placement.append({"stage": i, "rank": rank, "layers": [name for name, _ in part]})
     notes = []
     if schedule == "1f1b" and m < n_stages:
         schedule = "gpipe"
         notes.append(f"1F1B needs m >= stages (torch raises); m={m} ran GPipe, whose bubble is the same")
-    loss_fn = _timed(loss, clock, device)
+    loss_fn = _timed(loss, clock, device, "L", n_stages - 1)
     if schedule == "interleaved":
         sched = pp.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
     else:
         sched = (pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
-    first, last, samples = 0 in stage_ids, n_stages - 1 in stage_ids, []
+    first, last, samples, timeline = 0 in stage_ids, n_stages - 1 in stage_ids, [], []
     for k in range(WARMUP_STEPS + steps):
         for stage in stages:
             stage.submod.zero_grad(set_to_none=True)
         dist.barrier()
-        clock[0], t0 = 0.0, time.perf_counter()
+        clock[0], clock[1], t0 = 0.0, [], time.perf_counter()
         sched.step(*([x] if first else []), target=target if last else None)
         synchronize(device)
         own = time.perf_counter() - t0              # this rank's part done
@@ -199,12 +210,13 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
         step = time.perf_counter() - t0             # the pipeline's step: every rank done
         if k >= WARMUP_STEPS:
             samples.append((step, own, clock[0]))
+            timeline.append({"start": round(t0, 7), "end": round(t0 + step, 7), "actions": clock[1]})
     step, own, busy = ([sample[i] for sample in samples] for i in range(3))
     median = statistics.median
     return {"rank": rank, "step_s": median(step), "own_step_s": median(own), "busy_s": median(busy),
             "idle_s": median(s - b for s, b in zip(step, busy, strict=True)),
             "idle_share": median(1 - b / s for s, b in zip(step, busy, strict=True)),
-            "placement": placement, "notes": notes, "schedule": schedule, "batch": m * mb}
+            "placement": placement, "notes": notes, "schedule": schedule, "batch": m * mb, "timeline": timeline}
 
 
 def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[int] | None = None,
@@ -213,8 +225,8 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.scaling import init_distributed
-    from preflight.records import make_record, save_record
+    from preflight.bench.launch import init_distributed
+    from preflight.records import save_record
 
     de, device = init_distributed()
     try:
@@ -247,11 +259,12 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
                                      "busy_s_per_rank": busy, "slowest_rank": slowest["rank"],
                                      "excess": slowest["busy_s"] / statistics.median(busy) - 1},
                        "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0],
+                       "timelines": [r["timeline"] for r in every],        # per rank, per timed step
                        "device_kind": device.type, "backend": dist.get_backend()}
             params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
                       "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
                       "sizes": (HETERO if partition else BALANCED)[quick]}
-            record = make_record(METHOD, METHOD_VERSION, params, results)
+            record = METHOD.record(params, results)
             save_record(record, out, name=_name(schedule, p, m, v, partition))
         dist.barrier()                # field notes: without it some runs aborted at exit
         return record
@@ -267,16 +280,15 @@ def _name(schedule, p, m, v, partition) -> str:
 
 def _launch(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
     """Run the worker under ``torchrun --standalone``, one thread per process; its record."""
-    from preflight.bench.scaling import _run
+    from preflight.bench.launch import run_torchrun, torchrun_cmd
 
     args = ["--schedule", schedule, "--microbatches", str(m), "--chunks", str(v)] + (["--quick"] if quick else [])
     args += ["--partition", ",".join(map(str, partition))] if partition else []
     with tempfile.TemporaryDirectory(prefix="preflight-pipeline-") as tmp:
         out_dir = Path(out) if out is not None else Path(tmp) / "records"
-        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p}",
-              "-m", "preflight.bench.pipeline", "--out", str(out_dir), *args],
-             dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout)
-        path = out_dir / f"{METHOD}-{_name(schedule, p, m, v, partition)}.json"
+        run_torchrun(torchrun_cmd(p, "preflight.bench.pipeline", "--out", out_dir, *args),
+                     dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout)
+        path = out_dir / f"{METHOD.name}-{_name(schedule, p, m, v, partition)}.json"
         record = json.loads(path.read_text())
     if out is not None:
         record["_path"] = str(path)
@@ -307,6 +319,39 @@ def run_partition(boundaries, p: int = 2, schedule: str = "1f1b", m: int = 4, qu
     return _launch(p, schedule, m, partition=boundaries, quick=quick, timeout=timeout, out=out)["results"]
 
 
+def measure_bubbles(quick: bool = False) -> dict:
+    """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8;
+    quick: p=2, m=1 and 4), one torchrun each; a row per run with the schedule requested."""
+    import pandas as pd
+
+    if quick:
+        runs = [measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True).assign(requested="1f1b")]
+    else:
+        runs = [measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
+                measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
+                measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b")]
+    return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
+
+
+def measure_partition(p: int = 2, m: int = 8, quick: bool = False) -> dict:
+    """Method ``partition``: the heterogeneous model's layers timed alone, split into ``p`` stages by
+    count and by time (the exact optimal contiguous partition), both run through the real pipeline;
+    predicted (ratio of bottlenecks) and measured (ratio of throughputs) gain."""
+    from preflight.models import pipeline as P
+
+    layers = layer_times(stage_device(p), quick=quick)          # where the stages will run
+    times = [x["time_s"] for x in layers]
+    by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
+    runs = {name: run_partition([part[0] for part in parts], p=p, m=m, quick=quick)
+            for name, parts in (("count", by_count), ("time", by_time))}
+    return {"p": p, "m": m, "layers": layers, "by_count": by_count, "by_time": by_time,
+            "bottleneck_count_s": P.bottleneck(times, by_count), "bottleneck_time_s": P.bottleneck(times, by_time),
+            "predicted_gain": P.partition_gain(times, p),
+            "throughput_count": runs["count"]["throughput"], "throughput_time": runs["time"]["throughput"],
+            "measured_gain": runs["time"]["throughput"] / runs["count"]["throughput"],
+            "ranks": {k: v.get("ranks", []) for k, v in runs.items()}}
+
+
 # --- command line -----------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,10 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--balanced-blocks", action="store_true", help="identical MLP blocks (the default)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10, 5 with --quick)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
+    ap.add_argument("--measure", choices=("bubbles", "partition"), default=None,
+                    help="instead of being one rank: launch chapter 4's measurement here (torchrun per run) "
+                         "and write pipeline_bubble.json or partition.json")
     args = ap.parse_args(argv)
+    if args.measure:
+        from preflight.records import save_record
+
+        method, run = ((BUBBLES, measure_bubbles) if args.measure == "bubbles" else (PARTITION, measure_partition))
+        print(save_record(method.record({"quick": args.quick}, run(quick=args.quick)), args.out))
+        return 0
     if args.microbatches < 1 or args.chunks < 1 or (args.chunks > 1 and args.schedule != "interleaved"):
         ap.error("need --microbatches >= 1, --chunks >= 1, and --chunks > 1 only with --schedule interleaved")
-    from preflight.bench.scaling import dist_env
+    from preflight.bench.launch import dist_env
 
     world = dist_env()["world_size"]
     if args.schedule == "interleaved" and args.microbatches % world:    # as Megatron-LM and the model

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from preflight.bench.trainloop import PARTS, read_log
+from preflight.records import Method
 
-METHOD, METHOD_VERSION = "resume", 1
+METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows", "curves"))
 TIMEOUT_S = 300
 
 
@@ -183,8 +184,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0, help="chooses the kill step")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--out", help="results folder for the versioned record (resume.json)")
     a = ap.parse_args(argv)
     res = measure_resume(a.workdir, seed=a.seed, quick=a.quick)
+    if a.out:
+        from preflight.records import save_record
+
+        path = save_record(METHOD.record({"quick": a.quick, "seed": a.seed}, res), a.out)
+        print(f"record -> {path}", file=sys.stderr if a.json else sys.stdout)
     if a.json:
         print(json.dumps({k: v for k, v in res.items() if k != "curves"}, indent=1))
     else:

@@ -22,110 +22,25 @@ Three ways in:
   ``preflight.models.extrapolate.scaling_curve(measured=...)``.
 
 On a CPU the "devices" are processes (gloo backend), one core each: with 2 cores, N=1 and N=2 are
-the only stages whose timings mean much (field notes).
+the only stages whose timings mean much (field notes). Joining the process group, the rank limit of
+this machine and the torchrun command come from ``preflight.bench.launch``, shared by every
+multi-process bench.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
+from preflight.records import Method
 from preflight.bench import exit_worker
+from preflight.bench.launch import init_distributed, max_processes, run_torchrun, torchrun_cmd
 
-METHOD, METHOD_VERSION = "scaling", 1
+METHOD = Method("scaling", 1, required=("world_size", "step_s", "per_rank_batch", "samples_per_s"))
 WARMUP_STEPS = 3
-
-
-# --- who am I: torchrun or Slurm --------------------------------------------------------------------
-
-def first_slurm_host(nodelist: str) -> str:
-    """First hostname of a Slurm node list: ``"gpu[003-010,12],login1"`` -> ``"gpu003"``.
-
-    Inside a batch script ``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1`` is the usual
-    way; this pure version serves tasks started by ``srun`` without torchrun.
-    """
-    first, depth = "", 0
-    for ch in nodelist.strip():
-        if ch == "," and depth == 0:
-            break
-        depth += ch == "["
-        depth -= ch == "]"
-        first += ch
-    # every bracket group: keep its first element ("003-010,12" -> "003")
-    return re.sub(r"\[([^\],\-]+)[^\]]*\]", r"\1", first)
-
-
-def dist_env(environ: dict | None = None) -> dict:
-    """Rank layout from the environment, as a dict (pure function of ``environ``).
-
-    torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (and GROUP_WORLD_SIZE =
-    nodes); they win when present. Otherwise, under ``srun`` with one task per device, they are derived
-    from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_NODELIST, with a port derived from
-    the job id (so concurrent jobs on a shared head node do not collide). Neither: one process (on a
-    free local port, the only part not decided by ``environ``).
-    Keys: rank, world_size, local_rank, local_world_size, nodes, master_addr, master_port, launcher.
-    """
-    env = os.environ if environ is None else environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
-        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
-        nodes = env.get("GROUP_WORLD_SIZE") or env.get("SLURM_NNODES") or max(1, world // max(1, local_world))
-        return {"rank": int(env["RANK"]), "world_size": world, "local_rank": int(env.get("LOCAL_RANK", 0)),
-                "local_world_size": local_world, "nodes": int(nodes),
-                "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-                "master_port": int(env.get("MASTER_PORT", 29500)), "launcher": "torchrun"}
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        world = int(env["SLURM_NTASKS"])
-        nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
-        per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-        local_world = int(per_node) if per_node.isdigit() else max(1, world // nodes)
-        port = env.get("MASTER_PORT") or 10000 + int(env.get("SLURM_JOB_ID", 0)) % 20000
-        return {"rank": int(env["SLURM_PROCID"]), "world_size": world,
-                "local_rank": int(env.get("SLURM_LOCALID", 0)), "local_world_size": local_world,
-                "nodes": nodes, "master_addr": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
-                "master_port": int(port), "launcher": "srun"}
-    return {"rank": 0, "world_size": 1, "local_rank": 0, "local_world_size": 1, "nodes": 1,
-            "master_addr": "127.0.0.1", "master_port": int(env.get("MASTER_PORT", 0)) or _free_port(),
-            "launcher": "single"}
-
-
-def init_distributed(use_gpu: bool = True, **kw):
-    """Join the process group from the launcher's environment: (dist_env dict, this rank's device).
-
-    NCCL on ``cuda:LOCAL_RANK`` when this node has a GPU for every local rank; otherwise gloo on the
-    CPU (NCCL refuses two ranks on one GPU: "Duplicate GPU detected"), and ``use_gpu=False`` asks for
-    the CPU outright. ``kw`` goes to ``init_process_group`` (e.g. ``timeout``)."""
-    import torch
-    import torch.distributed as dist
-
-    de = dist_env()
-    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
-                     ("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
-        os.environ.setdefault(var, str(de[key]))     # srun / single: what init_process_group reads
-    if use_gpu and torch.cuda.is_available() and torch.cuda.device_count() >= de["local_world_size"]:
-        device = torch.device("cuda", de["local_rank"])
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=de["rank"], world_size=de["world_size"], device_id=device, **kw)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=de["rank"], world_size=de["world_size"], **kw)
-    return de, device
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- the worker ---------------------------------------------------------------------------------------
@@ -203,7 +118,7 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
             }
             params = {"model": cfg.as_dict(), "steps": steps, "quick": quick, "params": n_params,
                       "weak_scaling": True}
-            record = make_record(METHOD, METHOD_VERSION, params, results)
+            record = METHOD.record(params, results)
             save_record(record, out, name=f"n{de['world_size']}")
         dist.barrier()                # field notes: without it ~1 run in 8 aborted at exit
         return record
@@ -212,15 +127,6 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
 
 
 # --- stages on this machine ---------------------------------------------------------------------------
-
-def max_processes() -> tuple[int, str]:
-    """How many ranks this machine can run meaningfully, and the unit label."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.device_count(), "GPUs (nccl)"
-    return len(os.sched_getaffinity(0)), "processes (CPU, gloo)"
-
 
 def run_stages(ns=(1, 2), out: str | os.PathLike | None = None, quick: bool = False,
                steps: int | None = None, timeout: float = 300.0):
@@ -253,38 +159,31 @@ def run_stages(ns=(1, 2), out: str | os.PathLike | None = None, quick: bool = Fa
             env = dict(os.environ, TMPDIR=str(stage_tmp))
             if unit.startswith("processes"):
                 env["OMP_NUM_THREADS"] = "1"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                   "-m", "preflight.bench.scaling", "--out", str(out_dir), "--steps", str(steps)]
+            cmd = torchrun_cmd(n, "preflight.bench.scaling", "--out", out_dir, "--steps", steps)
             if quick:
                 cmd.append("--quick")
-            _run(cmd, env, timeout)
-            paths.append(out_dir / f"{METHOD}-n{n}.json")
+            run_torchrun(cmd, env, timeout)
+            paths.append(out_dir / f"{METHOD.name}-n{n}.json")
         records = [dict(json.loads(p.read_text()), _path=str(p)) for p in paths]
     df = stages_frame(records)
     df.attrs["notes"] = notes + df.attrs.get("notes", [])
+    df.attrs["records"] = records
     return df
 
 
-def _run(cmd: list[str], env: dict, timeout: float) -> str:
-    """Run torchrun in its own process group; on timeout stop that group (agent and workers).
-    Returns its output (stdout and stderr together), e.g. the NCCL_DEBUG=INFO log."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                output, _ = proc.communicate(timeout=10)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-        raise TimeoutError(f"torchrun did not finish within {timeout:.0f} s: {' '.join(cmd)}") from None
-    if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-60:])
-        raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
-    return output
+def measure_stages(out: str | os.PathLike | None = None, quick: bool = False) -> list[dict]:
+    """Method ``scaling`` as chapter 1 runs it here: the stages 1 and 2 under torchrun, their records
+    (the ones ``torchrun ... -m preflight.bench.scaling --out DIR`` writes on a cluster). Empty,
+    with the reason printed, where fewer than 2 ranks fit (one GPU: NCCL takes one rank per GPU)."""
+    n_max, unit = max_processes()
+    if n_max < 2:
+        print(f"Only {n_max} {unit} here: a scaling stage needs 2. Measure the stages on your cluster "
+              "(slurm/scaling_stages.sbatch) and pass them with --results.")
+        return []
+    df = run_stages(out=out, quick=quick)
+    for note in df.attrs["notes"]:
+        print("note:", note)
+    return df.attrs["records"]
 
 
 # --- records -> table --------------------------------------------------------------------------------
@@ -306,7 +205,7 @@ def stages_frame(records: list[dict]):
 
     latest: dict[int, dict] = {}
     for r in sorted(records, key=lambda r: r.get("date", "")):
-        if r.get("method") == METHOD:
+        if r.get("method") == METHOD.name:
             latest[int(r["results"]["world_size"])] = r
     rows = []
     for n, r in sorted(latest.items()):
@@ -336,7 +235,7 @@ def load_stage_records(folder: str | os.PathLike):
     """The stage table (``stages_frame``) from every scaling record under ``folder``."""
     from preflight.records import load_records
 
-    return stages_frame(load_records(folder, METHOD))
+    return stages_frame(load_records(folder, METHOD.name))
 
 
 def measured_efficiencies(df) -> dict[int, float]:

@@ -1,15 +1,15 @@
-"""Chapter 3, communication vs computation: the plan's gradient traffic (formulas of
-``preflight.models.comm`` / ``extrapolate``), the measured all-reduce sweep and DDP overlap runs, and
-the layout rules of ``preflight.topology``, as findings.
+"""Chapter 3, communication vs computation: the plan's gradient traffic (``preflight.models.comm.
+allreduce_plan``, the one home of bytes, link, times and bounds), the measured all-reduce sweep and
+DDP overlap runs, and the layout rules of ``preflight.topology``, as findings.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from preflight.findings import FindingSink, judge
-from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
 from preflight.models import comm
-from preflight.models.extrapolate import BACKWARD_SHARE, STOP_RULE_EFFICIENCY, comm_time
+from preflight.models.comm import BACKWARD_SHARE
+from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -21,67 +21,46 @@ EFFICIENCY_WARN = 0.80
 FIT_WARN, FIT_FAIL = 0.25, 0.50
 BUSBW_WARN, BUSBW_FAIL = 0.70, 0.40     # measured busbw / the bandwidth the profile assumes (GPUs only)
 
-# Bandwidth tiers for the calculator: per-GPU, GB/s (network links quoted in Gb/s, divided by 8).
-TIERS_GBps = {
-    "NVLink 4 (H100, 450 GB/s per direction)": 450.0,
-    "NVLink 3 (A100, 300 GB/s)": 300.0,
-    "InfiniBand NDR 400 Gb/s per GPU": comm.gbps_to_GBps(400),
-    "InfiniBand HDR 200 Gb/s per GPU": comm.gbps_to_GBps(200),
-    "100 GbE per GPU": comm.gbps_to_GBps(100),
-    "25 GbE per node shared by 8 GPUs": comm.gbps_to_GBps(25) / 8,
-}
+
+def allreduce_plan(profile: Profile) -> comm.AllreducePlan:
+    """The profile's gradient all-reduce per step (``preflight.models.comm.allreduce_plan``)."""
+    m, c, t = profile.model, profile.cluster, profile.training
+    return comm.allreduce_plan(m.params, profile.dp, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
+                               intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
+                               compute_s=t.step_compute_s, serial_s=t.step_serial_s)
 
 
 def plan(profile: Profile) -> dict:
-    """The profile's gradient traffic per step: bytes, flat-ring and hierarchical time, ratio, bounds."""
-    m, c, t = profile.model, profile.cluster, profile.training
-    dp = profile.dp
-    buffer = m.params / (t.tp * t.pp) * comm.BYTES_PER_ELEMENT[t.grad_dtype]
-    flat = comm_time(profile.gpus, params=m.params, grad_dtype=t.grad_dtype, tp=t.tp, pp=t.pp,
-                     gpus_per_node=c.gpus_per_node, intra_node_GBps=c.intra_node_GBps,
-                     inter_node_Gbps=c.inter_node_Gbps)
-    dp_per_node = max(1, c.gpus_per_node // (t.tp * t.pp))
-    dp_nodes = max(1, dp // dp_per_node)
-    hier = comm.hierarchical_allreduce_time(buffer, dp_per_node, dp_nodes, c.intra_node_GBps,
-                                            comm.gbps_to_GBps(c.inter_node_Gbps),
-                                            INTRA_NODE_LATENCY_S, INTER_NODE_LATENCY_S)
-    work = t.step_serial_s + t.step_compute_s
-    return {"dp": dp, "buffer_bytes": buffer, "link": "inter-node" if c.nodes > 1 and dp > dp_per_node else "intra-node",
-            "bytes_per_rank": comm.allreduce_bytes_per_rank(m.params, dp, t.grad_dtype, t.tp, t.pp),
-            "flat_s": flat, "hierarchical_s": hier, "compute_s": t.step_compute_s, "work_s": work,
-            "ratio": flat / t.step_compute_s,
-            "efficiency_no_overlap": work / (work + flat),
-            "efficiency_full_overlap": work / (work + max(0.0, flat - BACKWARD_SHARE * t.step_compute_s))}
+    """The same plan as a dict: bytes, link and why, flat-ring and hierarchical time, ratio, bounds."""
+    return allreduce_plan(profile).as_dict()
 
 
 def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     p = plan(profile)
-    t, c = profile.training, profile.cluster
+    t = profile.training
     fix_comm = ("Overlap the all-reduce with backward (DDP buckets), send bf16 gradients (half the bytes), "
                 "accumulate gradients (communicate every k micro-batches), and use a hierarchical/topology-"
                 "aware all-reduce (NCCL does inside a node first).")
-    sink.add(id="comm/allreduce_bytes_per_rank", value=p["bytes_per_rank"], unit="bytes", verdict="info",
+    sink.add(id="communication/allreduce_bytes_per_rank", value=p["bytes_per_rank"], unit="bytes", verdict="info",
              threshold="recorded for reference",
              message=(f"Each of {p['dp']} data-parallel ranks sends (and receives) 2 x M/(tp pp) x (D-1)/D x "
                       f"{comm.BYTES_PER_ELEMENT[t.grad_dtype]} B = {p['bytes_per_rank'] / 1e9:.3g} GB of "
                       f"{t.grad_dtype} gradients per step."),
              fix=fix_comm, source=PROFILE_SOURCE)
-    bw = c.inter_node_Gbps if p["link"] == "inter-node" else c.intra_node_GBps
-    unit_bw = "Gb/s inter-node" if p["link"] == "inter-node" else "GB/s intra-node"
-    sink.add(id="comm/allreduce_s", value=p["flat_s"], unit="s", verdict="info",
+    sink.add(id="communication/allreduce_s", value=p["flat_s"], unit="s", verdict="info",
              threshold="recorded for reference",
-             message=(f"Flat ring over the slowest link ({bw:g} {unit_bw}, latency term included): "
+             message=(f"Flat ring ({p['link_why']}; latency term included): "
                       f"{p['flat_s']:.3g} s per step; hierarchical (NVLink inside the node, then one shard "
                       f"per GPU across nodes): {p['hierarchical_s']:.3g} s."),
              fix=fix_comm, source=PROFILE_SOURCE)
     v, words = judge(p["ratio"], warn=BACKWARD_SHARE, fail=1.0, higher_is_better=False, fmt="{:.2g}")
-    sink.add(id="comm/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
+    sink.add(id="communication/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
              threshold=f"{words} (backward, ~2/3 of compute, is what can hide it)",
              message=(f"All-reduce {p['flat_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
                       f"{p['ratio']:.2f}x." + (" No overlap can hide that." if p["ratio"] > 1 else "")),
              fix=fix_comm, source=PROFILE_SOURCE)
-    for fid, key, what in (("comm/efficiency_no_overlap", "efficiency_no_overlap", "the all-reduce after backward"),
-                           ("comm/efficiency_full_overlap", "efficiency_full_overlap",
+    for fid, key, what in (("communication/efficiency_no_overlap", "efficiency_no_overlap", "the all-reduce after backward"),
+                           ("communication/efficiency_full_overlap", "efficiency_full_overlap",
                             "the all-reduce fully overlapped with backward")):
         v, words = judge(p[key], warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
         sink.add(id=fid, value=p[key], unit="fraction", verdict=v, threshold=words,
@@ -96,21 +75,22 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
     """``sweep``: a ``Measured`` whose results are an all-reduce record's results (or None)."""
     fit_words = judge(None, warn=FIT_WARN, fail=FIT_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
     if sweep is None:
-        sink.not_measured("comm/measured_busbw", "GB/s", "recorded for reference",
+        sink.not_measured("communication/measured_busbw", "GB/s", "recorded for reference",
                       "Measure your interconnect: torchrun -m preflight.bench.allreduce", why_missing)
-        sink.not_measured("comm/alpha_beta_fit_error", "fraction", fit_words,
+        sink.not_measured("communication/alpha_beta_fit_error", "fraction", fit_words,
                       "Use measured times per size rather than the model where the fit is poor.", why_missing)
         return
     r = sweep.results
     rows = pd.DataFrame(r["rows"])
     peak = rows.loc[rows["busbw_GBps"].idxmax()]
     gpu = r.get("backend") == "nccl"
-    assumed = profile.cluster.intra_node_GBps if r.get("nodes", 1) <= 1 else comm.gbps_to_GBps(profile.cluster.inter_node_Gbps)
+    assumed = comm.allreduce_link(r.get("nodes", 1), profile.cluster.intra_node_GBps,
+                                  profile.cluster.inter_node_Gbps).GBps      # the tier this sweep ran on
     share = float(peak["busbw_GBps"]) / assumed
     v, words = judge(share, warn=BUSBW_WARN, fail=BUSBW_FAIL, fmt="{:.0%}")
     if not gpu:
         v, words = "info", f"CPU processes over gloo, not judged; on GPUs, against the profile's bandwidth: {words}"
-    sink.add(id="comm/measured_busbw", value=float(peak["busbw_GBps"]), unit="GB/s", verdict=v, threshold=words,
+    sink.add(id="communication/measured_busbw", value=float(peak["busbw_GBps"]), unit="GB/s", verdict=v, threshold=words,
              message=(f"Peak bus bandwidth {peak['busbw_GBps']:.3g} GB/s at {peak['bytes'] / 1e6:.3g} MB "
                       f"(algbw {peak['algbw_GBps']:.3g} GB/s), {r['world_size']} ranks, {r.get('backend')} via "
                       f"{r.get('launcher', 'torchrun')}"
@@ -120,7 +100,7 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
                  "topology before tuning anything else.", source=sweep.source)
     fit = r["fit"]
     v, words = judge(fit["median_rel_error"], warn=FIT_WARN, fail=FIT_FAIL, higher_is_better=False, fmt="{:.0%}")
-    sink.add(id="comm/alpha_beta_fit_error", value=fit["median_rel_error"], unit="fraction", verdict=v,
+    sink.add(id="communication/alpha_beta_fit_error", value=fit["median_rel_error"], unit="fraction", verdict=v,
              threshold=f"median relative error: {words}",
              message=(f"alpha {fit['alpha_s'] * 1e6:.3g} us, bandwidth {fit['bandwidth_GBps']:.3g} GB/s; the model is "
                       f"off by a median {fit['median_rel_error']:.0%} (worst {fit['max_rel_error']:.0%}) over "
@@ -146,9 +126,9 @@ def add_overlap_findings(sink: FindingSink, emulated, real, why_missing: str = "
     device on a CPU (where real overlap cannot show), from the real run on GPUs."""
     run = real if real is not None and real.results.get("backend") == "nccl" else emulated
     if run is None:
-        sink.not_measured("comm/overlap_saving", "fraction", "recorded for reference",
+        sink.not_measured("communication/overlap_saving", "fraction", "recorded for reference",
                       "DDP buckets (bucket_cap_mb) overlap the all-reduce with backward.", why_missing)
-        sink.not_measured("comm/bf16_saving", "fraction", "recorded for reference",
+        sink.not_measured("communication/bf16_saving", "fraction", "recorded for reference",
                       "A bf16 compression hook halves the bytes.", why_missing)
         return
     by = {r["config"]: r for r in run.results["rows"]}
@@ -158,7 +138,7 @@ def add_overlap_findings(sink: FindingSink, emulated, real, why_missing: str = "
     best_name = min(buckets, key=lambda k: buckets[k]["step_s"])
     ovl = buckets[best_name]
     saving = (ref["step_s"] - ovl["step_s"]) / ref["step_s"]
-    sink.add(id="comm/overlap_saving", value=saving, unit="fraction", verdict="info",
+    sink.add(id="communication/overlap_saving", value=saving, unit="fraction", verdict="info",
              threshold="recorded for reference (> 0: overlap pays)",
              message=(f"{label}: all-reduce after backward {ref['step_s'] * 1e3:.1f} ms per step (exposed "
                       f"{ref['exposed_comm_s'] * 1e3:.1f} ms); best DDP bucketing ({best_name}) "
@@ -178,7 +158,7 @@ def add_overlap_findings(sink: FindingSink, emulated, real, why_missing: str = "
         rb = {r["config"]: r for r in real.results["rows"]}["ddp_bf16_hook"]
         if rb.get("loss_rel_diff_vs_fp32") is not None:
             numerics = f" Numerics (real run): loss differs from fp32 by {rb['loss_rel_diff_vs_fp32']:.2e} (relative)."
-    sink.add(id="comm/bf16_saving", value=saving, unit="fraction", verdict="info",
+    sink.add(id="communication/bf16_saving", value=saving, unit="fraction", verdict="info",
              threshold="recorded for reference (> 0: bf16 pays)",
              message=(f"{label}: bf16 gradients move {bf['bytes_per_step_per_rank'] / 1e6:.3g} MB instead of "
                       f"{ovl['bytes_per_step_per_rank'] / 1e6:.3g} MB per step per rank; step "
@@ -194,7 +174,7 @@ def add_topology_finding(sink: FindingSink, profile: Profile) -> None:
     from preflight import topology
 
     verdict, message = topology.layout_verdict(profile)
-    sink.add(id="comm/topology", value=None, unit="", verdict=verdict,
+    sink.add(id="communication/topology", value=None, unit="", verdict=verdict,
              threshold="tensor-parallel groups inside a node; data-parallel groups aligned to nodes",
              message=message,
              fix="Keep tp <= GPUs per node (NVLink); let data parallelism span nodes; check NCCL's transport.",

@@ -47,7 +47,7 @@ def add_listing_finding(sink: FindingSink, profile: Profile) -> None:
     n_shards = M.shard_count(d.files, d.mean_file_kB, SHARD_MB)
     v, words = judge(s, warn=LISTING_WARN_S, fail=LISTING_FAIL_S, higher_is_better=False, fmt="{:g} s")
     small = d.mean_file_kB / 1e3 < M.MIN_FILE_MB_PARALLEL_FS
-    sink.add(id="data/listing_s_at_profile", value=s, unit="s", verdict=v, threshold=words,
+    sink.add(id="data_pipeline/listing_s_at_profile", value=s, unit="s", verdict=v, threshold=words,
              message=(f"Listing {d.files:,} files on {d.storage} costs about {s:,.0f} s ({s / 60:,.1f} min) at "
                       f"every start from one client, before a byte is read; as {n_shards:,} shards of "
                       f"{SHARD_MB} MB: {M.listing_time_s(n_shards, d.storage):,.2g} s. Mean file "
@@ -109,14 +109,14 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
     """Findings from the storage/break-point measurement (``pipe``), the tuner (``tune``) and the
     instrumentation overhead (``overhead``): ``preflight.chapter.Measured`` objects or None."""
     if pipe is None:
-        sink.not_measured("data/small_file_slowdown", "x", "recorded for reference",
+        sink.not_measured("data_pipeline/small_file_slowdown", "x", "recorded for reference",
                       "Pack small files into shards.", why_missing)
-        sink.not_measured("data/h2d_pinned_speedup", "x", "recorded for reference",
+        sink.not_measured("data_pipeline/h2d_pinned_speedup", "x", "recorded for reference",
                       "Pin host memory and copy with non_blocking=True.", why_missing)
     else:
         st = pipe.results["storage"]
         sf, sh = st["small_files"], st["shards"]
-        sink.add(id="data/small_file_slowdown", value=st["slowdown_read_cold"], unit="x", verdict="info",
+        sink.add(id="data_pipeline/small_file_slowdown", value=st["slowdown_read_cold"], unit="x", verdict="info",
                  threshold="recorded for reference (> 1: small files are slower)",
                  message=(f"The same {sf['samples']:,} samples ({sf['bytes'] / 1e6:.0f} MB) read cold from "
                           f"{sf['files']:,} small files took {sf['read_cold_s']:.3g} s ({sf['read_cold_MBps']:.0f} MB/s), "
@@ -127,28 +127,28 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                  fix="Pack the samples into tar shards (webdataset) of 200-500 MB.", source=pipe.source)
         h = pipe.results["h2d"]
         if h.get("available"):
-            sink.add(id="data/h2d_pinned_speedup", value=h["pinned_speedup"], unit="x", verdict="info",
+            sink.add(id="data_pipeline/h2d_pinned_speedup", value=h["pinned_speedup"], unit="x", verdict="info",
                      threshold="recorded for reference (> 1: pinning pays)",
                      message=(f"One batch ({h['bytes'] / 1e6:.1f} MB) host-to-device: pageable blocking "
                               f"{h['pageable_s'] * 1e3:.3g} ms ({h['pageable_GBps']:.1f} GB/s), pinned non_blocking "
                               f"{h['pinned_s'] * 1e3:.3g} ms ({h['pinned_GBps']:.1f} GB/s)."),
                      fix="DataLoader(pin_memory=True) and .to(device, non_blocking=True).", source=pipe.source)
         else:
-            sink.not_measured("data/h2d_pinned_speedup", "x", "recorded for reference",
+            sink.not_measured("data_pipeline/h2d_pinned_speedup", "x", "recorded for reference",
                           "On a GPU: DataLoader(pin_memory=True) and .to(device, non_blocking=True).",
                           h.get("reason", "no GPU"))
     if tune is None:
-        for fid, unit in (("data/headroom", "x"), ("data/headroom_default", "x"),
-                          ("data/best_loader_setting", "workers")):
+        for fid, unit in (("data_pipeline/headroom", "x"), ("data_pipeline/headroom_default", "x"),
+                          ("data_pipeline/best_loader_setting", "workers")):
             sink.not_measured(fid, unit, HEADROOM_WORDS if unit == "x" else "recorded for reference",
                           FIX_LOADER, why_missing)
     else:
         t = tune.results
         best = t["best"]
         src = f"{tune.source}; consumer: {t['consumer']}"
-        _headroom_finding(sink, "data/headroom", best, f"Best loader setting ({M.setting_label(best)})", src)
+        _headroom_finding(sink, "data_pipeline/headroom", best, f"Best loader setting ({M.setting_label(best)})", src)
         default = next(r for r in t["rows"] if r["num_workers"] == 0)
-        _headroom_finding(sink, "data/headroom_default", default, "PyTorch's default (num_workers=0)", src)
+        _headroom_finding(sink, "data_pipeline/headroom_default", default, "PyTorch's default (num_workers=0)", src)
         low, high = M.recommended_workers(t["cores"])
         need = (M.workers_needed(t["consume_samples_per_s"], pipe.results["preprocessing"]["per_worker_samples_per_s"])
                 if pipe else None)
@@ -158,7 +158,7 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
         in_rule = [r for r in t["rows"] if low <= r["num_workers"] <= high
                    and M.PREFETCH_ADVICE[0] <= (r["prefetch_factor"] or 0) <= M.PREFETCH_ADVICE[1]]
         agree = any(r["idle_share"] <= lowest + M.BEST_TOLERANCE for r in in_rule)
-        sink.add(id="data/best_loader_setting", value=best["num_workers"], unit="workers", verdict="info",
+        sink.add(id="data_pipeline/best_loader_setting", value=best["num_workers"], unit="workers", verdict="info",
                  threshold="recorded for reference",
                  message=(f"Measured best: {M.setting_label(best)} (the cheapest within 1 point of the lowest idle share). "
                           f"Rule of thumb for {t['cores']} cores: {low if low == high else f'{low}-{high}'} "
@@ -173,14 +173,14 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                              f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
                  fix=FIX_LOADER, source=src)
     if overhead is None:
-        sink.not_measured("data/instrumentation_overhead", "fraction",
+        sink.not_measured("data_pipeline/instrumentation_overhead", "fraction",
                       judge(None, warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL, higher_is_better=False, fmt="{:.0%}")[1],
                       "Wrap the loader in preflight.loadmon.LoaderMonitor and keep it on.", why_missing)
     else:
         o = overhead.results
         v, words = judge(o["bookkeeping_share_of_step"], warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL,
                          higher_is_better=False, fmt="{:.0%}")
-        sink.add(id="data/instrumentation_overhead", value=o["bookkeeping_share_of_step"], unit="fraction",
+        sink.add(id="data_pipeline/instrumentation_overhead", value=o["bookkeeping_share_of_step"], unit="fraction",
                  verdict=v, threshold=words + " of a step",
                  message=(f"The loader monitor's bookkeeping costs {o['bookkeeping_s_per_step'] * 1e6:.1f} us per "
                           f"step, {o['bookkeeping_share_of_step']:.3%} of a {o['step_s'] * 1e3:.1f} ms step; end to "

@@ -63,23 +63,24 @@ def data_pipeline(profile: Profile) -> dict[str, Exercise]:
 
 
 def communication(profile: Profile) -> dict[str, Exercise]:
-    from preflight.models import comm
+    from preflight.chapters.communication import allreduce_plan
 
     t, c = profile.training, profile.cluster
-    per_rank = comm.allreduce_bytes_per_rank(profile.model.params, profile.dp, t.grad_dtype, t.tp, t.pp)
+    p = allreduce_plan(profile)             # preflight.models.comm.allreduce_plan on the profile
+    link = (f"At {c.inter_node_Gbps:g} Gb/s per GPU between nodes" if p.link == "inter-node" else
+            f"Inside one node, at {c.intra_node_GBps:g} GB/s per GPU over NVLink")
     return {
         "volume": Exercise(
             "volume", f"Ring AllReduce of {profile.model.params / 1e9:g}B {t.grad_dtype} gradients over "
-            f"dp={profile.dp} ranks: how many GB does each GPU send per step?", "GB", lambda: per_rank / 1e9,
+            f"dp={profile.dp} ranks: how many GB does each GPU send per step?", "GB", lambda: p.bytes_per_rank / 1e9,
             "2 (D-1)/D x the gradient bytes: every byte goes out twice (reduce-scatter, all-gather), nearly "
             "independent of D.", rel_tol=0.2, log=True),
         "time": Exercise(
-            "time", f"At {c.inter_node_Gbps:g} Gb/s per GPU between nodes, how many seconds does that AllReduce "
-            "take if nothing overlaps it?", "s",
-            lambda: comm.ring_allreduce_time(profile.model.params / (t.tp * t.pp) * comm.BYTES_PER_ELEMENT[t.grad_dtype],
-                                             profile.dp, comm.gbps_to_GBps(c.inter_node_Gbps)),
-            "Gb/s are bits: divide by 8 for GB/s. Compare it with the compute per step: that ratio decides "
-            "whether overlap, bucketing and bf16 gradients matter.", rel_tol=0.3, log=True),
+            "time", f"{link}, how many seconds does that AllReduce take if nothing overlaps it?", "s",
+            lambda: p.flat_s,
+            "Gb/s are bits: divide by 8 for GB/s; the ring also pays 2 (D-1) latency steps. Compare it with "
+            "the compute per step: that ratio decides whether overlap, bucketing and bf16 gradients matter.",
+            rel_tol=0.3, log=True),
     }
 
 

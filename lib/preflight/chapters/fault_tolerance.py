@@ -59,17 +59,17 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     c, t = profile.cluster, profile.training
     p = plan(profile)
     gpu_h = profile.gpus * t.run_days * 24
-    sink.add(id="resilience/failure_prob_day", value=p["p_day"], unit="probability", verdict="info",
+    sink.add(id="fault_tolerance/failure_prob_day", value=p["p_day"], unit="probability", verdict="info",
              threshold="recorded for reference (1-(1-p)^N)",
              message=(f"{c.nodes} nodes at {c.node_failure_per_day:g} failures per node-day: at least one node fails "
                       f"on {p['p_day']:.2%} of days (1e-4 x 1000 nodes: 9.5 %/day)."),
              fix="Plan for failure: checkpoint, resume automatically, restart elastically.", source=PROFILE_SOURCE)
-    sink.add(id="resilience/failure_prob_run", value=p["p_run"], unit="probability", verdict="info",
+    sink.add(id="fault_tolerance/failure_prob_run", value=p["p_run"], unit="probability", verdict="info",
              threshold="recorded for reference",
              message=(f"Over the {t.run_days:g}-day run: {p['p_run']:.1%} chance of at least one failure, "
                       f"{p['failures_run']:.2g} failures expected."),
              fix="A run that must not fail cannot be planned; a run that resumes can.", source=PROFILE_SOURCE)
-    sink.add(id="resilience/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
+    sink.add(id="fault_tolerance/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
              threshold="recorded for reference (Llama 3: one interruption every ~3 h on 16k GPUs)",
              message=f"System mean time between failures: {duration(p['mtbf_h'] * 3600)} (node failures only; add "
                      "pre-emption, file-system and network incidents from your site's logs).",
@@ -84,13 +84,13 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
         words = "extra waste of the plan's interval vs the optimum: " + words
     plan_words = (f"the plan's {duration(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
                   if p["plan_s"] else "the plan names none: set training.checkpoint_interval_s")
-    sink.add(id="resilience/checkpoint_interval_s", value=p["daly_s"], unit="s", verdict=v, threshold=words,
+    sink.add(id="fault_tolerance/checkpoint_interval_s", value=p["daly_s"], unit="s", verdict=v, threshold=words,
              message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {duration(p['mtbf_h'] * 3600)}: "
                       f"{duration(p['daly_s'])} (Daly; Young's sqrt(2 C M) {duration(p['young_s'])}); {plan_words}."),
              fix="Checkpoint at the optimum; lower C (asynchronous two-stage saves) to shorten it.",
              source=PROFILE_SOURCE)
     v, words = judge(p["waste_plan"], warn=WASTE_WARN, fail=WASTE_FAIL, higher_is_better=False, fmt="{:.0%}")
-    sink.add(id="resilience/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
+    sink.add(id="fault_tolerance/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
              message=(f"At a {duration(p['interval_s'])} interval, {p['waste_plan']:.2%} of the run goes to checkpoint "
                       f"writes, recomputed work and restarts ({p['R']:g} s each): {p['waste_plan'] * gpu_h:,.0f} "
                       f"of {gpu_h:,.0f} GPU-hours (Daly's exponential model; the chapter checks it by simulation)."),
@@ -98,7 +98,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              source=PROFILE_SOURCE)
     v, words = judge(p["walltime_ratio"], warn=WALLTIME_WARN, fail=WALLTIME_FAIL, higher_is_better=False,
                      fmt="{:.2g}")
-    sink.add(id="resilience/walltime_fit", value=p["walltime_ratio"], unit="ratio", verdict=v,
+    sink.add(id="fault_tolerance/walltime_fit", value=p["walltime_ratio"], unit="ratio", verdict=v,
              threshold="interval / walltime: " + words,
              message=(f"Interval {duration(p['interval_s'])} vs a {c.walltime_h:g} h walltime: "
                       + (f"{1 / p['walltime_ratio']:.3g} checkpoints per allocation." if p["walltime_ratio"] > 0 else "")
@@ -114,12 +114,12 @@ def add_measured_findings(sink: FindingSink, resume, stall, elastic,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """``resume``, ``stall``, ``elastic``: ``preflight.chapter.Measured`` or None each."""
     if resume is None:
-        sink.not_measured("resilience/resume_bitwise", "bool", "pass = bitwise equal",
+        sink.not_measured("fault_tolerance/resume_bitwise", "bool", "pass = bitwise equal",
                           "Checkpoint model, optimizer, scheduler, every RNG and the data position.", why_missing)
     else:
         r = resume.results
         broken = [x for x in r["rows"][1:] if not x["bitwise_equal"]]
-        sink.add(id="resilience/resume_bitwise", value=float(r["resume_bitwise"]), unit="bool",
+        sink.add(id="fault_tolerance/resume_bitwise", value=float(r["resume_bitwise"]), unit="bool",
                  verdict="pass" if r["resume_bitwise"] else "fail", threshold="pass = bitwise equal",
                  message=(f"Killed with SIGKILL after step {r['killed_after_step']}, resumed from the step "
                           f"{r['checkpoint_step']} checkpoint ({r['steps_lost']} step(s) recomputed): the "
@@ -132,7 +132,7 @@ def add_measured_findings(sink: FindingSink, resume, stall, elastic,
                  fix="Save and restore every part of the state: preflight.bench.trainloop shows each.",
                  source=resume.source)
     if stall is None:
-        sink.not_measured("resilience/async_stall_ratio", "ratio", "recorded for reference",
+        sink.not_measured("fault_tolerance/async_stall_ratio", "ratio", "recorded for reference",
                           "Snapshot to host memory, write in the background.", why_missing)
     else:
         r = stall.results
@@ -148,7 +148,7 @@ def add_measured_findings(sink: FindingSink, resume, stall, elastic,
             hidden = (f" Hidden cost: the steps trained while the background write ran were {x['inflight_slowdown']:.2f}x "
                       f"slower ({x['hidden_cost_s'] * 1e3:.0f} ms per checkpoint), as the writer competes for "
                       "the same CPU cores; a GPU-bound step leaves them free.")
-        sink.add(id="resilience/async_stall_ratio", value=r["async_stall_ratio"], unit="ratio", verdict=v,
+        sink.add(id="fault_tolerance/async_stall_ratio", value=r["async_stall_ratio"], unit="ratio", verdict=v,
                  threshold="async stall / sync stall: " + words,
                  message=(f"Training waits {r['async_stall_ratio']:.2f}x as long for an asynchronous two-stage save "
                           f"as for a synchronous one (state {r['config'].get('state_MB', 0):.0f} MB; {parts})."
@@ -156,11 +156,11 @@ def add_measured_findings(sink: FindingSink, resume, stall, elastic,
                  fix="Snapshot to host memory and write in the background (TwoStageCheckpointer, DCP async_save).",
                  source=stall.source)
     if elastic is None:
-        sink.not_measured("resilience/elastic_recovery_s", "s", "recorded for reference",
+        sink.not_measured("fault_tolerance/elastic_recovery_s", "s", "recorded for reference",
                           "Run under torchrun --max-restarts with a c10d rendezvous.", why_missing)
     else:
         r = elastic.results
-        sink.add(id="resilience/elastic_recovery_s", value=r["recovery_s"], unit="s", verdict="info",
+        sink.add(id="fault_tolerance/elastic_recovery_s", value=r["recovery_s"], unit="s", verdict="info",
                  threshold="recorded for reference",
                  message=(f"torchrun --max-restarts=2: rank 1 killed after step {r['killed_after_step']}; training "
                           f"again {r['recovery_s']:.1f} s later from the step {r['resumed_from']} checkpoint "

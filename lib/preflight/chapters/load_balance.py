@@ -50,7 +50,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     src = "profile's lengths_file" if profile.data.lengths_file else (
         f"lognormal lengths, median {profile.data.length_median}, sigma {profile.data.length_sigma:g}, "
         f"max {profile.model.seq_len}")
-    sink.add(id="balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
+    sink.add(id="load_balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
              message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {by[in_batch]:.0%} of "
                       f"the tokens computed ({src}); padding to the longest in the dataset {by[in_dataset]:.0%}; "
                       f"length bucketing ({N_BUCKETS} buckets) {by[bucket]:.0%}."),
@@ -64,14 +64,14 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     wrong = P.wrong_bubble(t.pp, t.microbatches)
     v, words = judge(frac, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False, fmt="{:.0%}")
     plan = f"pp={t.pp}, m={t.microbatches}, {t.pipeline_schedule}" + (f", v={v_chunks}" if v_chunks > 1 else "")
-    sink.add(id="balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
+    sink.add(id="load_balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
              message=(f"{plan}: the pipeline idles (p-1)/(v m + p-1) = {frac:.1%} of the step"
                       + (" (no pipeline parallelism)." if t.pp == 1 else
                          f"; the popular (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
                          "drain slots by p m, as if the step lasted p m slots of one stage.")),
              fix="More micro-batches (m >= 4 p), an interleaved schedule (v chunks per GPU), or fewer stages.",
              source=PROFILE_SOURCE)
-    sink.add(id="balance/bubble_over_ideal", value=over, unit="fraction", verdict="info",
+    sink.add(id="load_balance/bubble_over_ideal", value=over, unit="fraction", verdict="info",
              threshold="recorded for reference (Narayanan et al. 2021's bubble time fraction)",
              message=f"{plan}: bubble time over ideal compute time (p-1)/(v m) = {over:.1%}.",
              fix="More micro-batches or interleaving.", source=PROFILE_SOURCE)
@@ -83,11 +83,11 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
     """``padding``: measured tokens/s per strategy; ``bubble``: measured vs formula bubble rows;
     ``partition``: predicted and measured gains (``preflight.chapter.Measured`` or None each)."""
     if padding is None:
-        sink.not_measured("balance/bucketing_speedup", "x", "recorded for reference",
+        sink.not_measured("load_balance/bucketing_speedup", "x", "recorded for reference",
                           "Batch by length.", why_missing)
     else:
         r = padding.results
-        sink.add(id="balance/bucketing_speedup", value=r["bucketing_speedup"], unit="x", verdict="info",
+        sink.add(id="load_balance/bucketing_speedup", value=r["bucketing_speedup"], unit="x", verdict="info",
                  threshold="recorded for reference (> 1: bucketing pays)",
                  message=(f"Useful tokens/s of a Transformer forward+backward: length bucketing is "
                           f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
@@ -95,7 +95,7 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
                  fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler.",
                  source=padding.source)
     if bubble is None:
-        sink.not_measured("balance/measured_bubble", "fraction", "recorded for reference",
+        sink.not_measured("load_balance/measured_bubble", "fraction", "recorded for reference",
                           "Measure the pipeline's idle share per rank.", why_missing)
     else:
         rows = pd.DataFrame(bubble.results["rows"])
@@ -107,18 +107,18 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
         parts = "; ".join(f"{x.schedule} p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
                           + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
                           for x in rows.itertuples())
-        sink.add(id="balance/measured_bubble", value=float(ref["measured_bubble"]), unit="fraction",
+        sink.add(id="load_balance/measured_bubble", value=float(ref["measured_bubble"]), unit="fraction",
                  verdict="info", threshold="recorded for reference (against (p-1)/(v m + p-1))",
                  message=(f"Measured idle share per rank (measured vs formula): {parts}. "
                           f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
                           "at large m the send/recv latency sets a floor the formula does not have."),
                  fix="Trust the formula for small m; measure at large m.", source=bubble.source)
     if partition is None:
-        sink.not_measured("balance/partition_gain", "x", "recorded for reference",
+        sink.not_measured("load_balance/partition_gain", "x", "recorded for reference",
                           "Partition stages by profiled layer time, not by layer count.", why_missing)
     else:
         r = partition.results
-        sink.add(id="balance/partition_gain", value=r["measured_gain"], unit="x", verdict="info",
+        sink.add(id="load_balance/partition_gain", value=r["measured_gain"], unit="x", verdict="info",
                  threshold="recorded for reference (> 1: partitioning by time pays)",
                  message=(f"{r['p']} stages of the heterogeneous model: bottleneck by layer count "
                           f"{r['bottleneck_count_s'] * 1e3:.2f} ms vs by time {r['bottleneck_time_s'] * 1e3:.2f} ms, "

@@ -11,8 +11,17 @@ parameters. Example (pitfalls brief): 7e9 parameters in FP32, large D: about 2 *
 per rank per step; at 200 Gb/s = 25 GB/s that is over 2 s, against 0.8 s of compute.
 
 Measured bandwidths follow nccl-tests: ``algbw = S / t`` and ``busbw = algbw * 2 (D-1)/D``.
+
+``allreduce_plan`` is the one home of a plan's gradient all-reduce (bytes, link, flat and hierarchical
+time, efficiency bounds): chapters 1 and 3, the scaling curve, the calculator widget and the exercises
+all read it, and ``allreduce_link`` is the one place that decides which link a ring runs on.
 """
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from numbers import Real
+
+from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -67,6 +76,126 @@ def hierarchical_allreduce_time(buffer_bytes: float, gpus_per_node: int, nodes: 
 def busbw_factor(ranks: int) -> float:
     """nccl-tests bus-bandwidth factor for all-reduce, ``2 (n-1)/n``."""
     return 2 * (ranks - 1) / ranks
+
+
+# --- the gradient all-reduce plan: the one home of bytes, link, times and efficiency bounds ----------
+
+BACKWARD_SHARE = 2.0 / 3.0      # backward ~ 2x forward: the part of compute that can hide an all-reduce
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link that paces a flat ring: its name, per-GPU bandwidth (GB/s), per-step latency and why."""
+    name: str               # "intra-node" | "inter-node"
+    GBps: float
+    latency_s: float
+    why: str
+
+
+def dp_group_nodes(dp: int, tp: int, pp: int, gpus_per_node: int) -> int:
+    """Nodes the data-parallel group's replicas occupy: ``ceil(dp tp pp / gpus_per_node)``.
+
+    The placement model of the plan: the ``dp`` replicas, each ``tp x pp`` GPUs, packed onto nodes of
+    ``gpus_per_node``. One node means the data-parallel group fits inside it.
+    """
+    return -(-dp * tp * pp // gpus_per_node)
+
+
+def allreduce_link(nodes: int, intra_node_GBps: float, inter_node_Gbps: float) -> Link:
+    """Which link a flat ring runs on: THE one rule of the plan (and of the sweep's assumed bandwidth).
+
+    Inside one node every hop is NVLink-class (``intra_node_GBps``); as soon as the ring spans nodes its
+    slowest hop, the per-GPU inter-node link (``inter_node_Gbps``, bits: divided by 8), sets the pace of
+    every step. Latencies (alpha) come from the hardware table (``preflight.hardware``).
+    """
+    if nodes <= 1:
+        return Link("intra-node", intra_node_GBps, INTRA_NODE_LATENCY_S,
+                    f"fits inside one node: NVLink-class {intra_node_GBps:g} GB/s")
+    bw = gbps_to_GBps(inter_node_Gbps)
+    return Link("inter-node", bw, INTER_NODE_LATENCY_S,
+                f"spans {nodes} nodes: paced by the inter-node {inter_node_Gbps:g} Gb/s = {bw:g} GB/s per GPU")
+
+
+@dataclass(frozen=True)
+class AllreducePlan:
+    """One step's gradient all-reduce (see ``allreduce_plan``). ``as_dict()`` for tables and notebooks."""
+    dp: int
+    tp: int
+    pp: int
+    grad_dtype: str
+    buffer_bytes: float             # S = M/(tp pp) x b: the gradient buffer of one rank
+    bytes_per_rank: float           # 2 S (D-1)/D: sent (and received) per rank per step
+    link: str                       # "intra-node" | "inter-node" (``allreduce_link``)
+    link_why: str
+    link_GBps: float
+    link_latency_s: float
+    flat_s: float                   # flat ring over ``link``
+    dp_per_node: int                # hierarchical: ranks of the group inside one node ...
+    dp_nodes: int                   # ... and the nodes the second stage spans
+    hierarchical_s: float
+    compute_s: float
+    work_s: float                   # serial + compute: one GPU's step
+    ratio: float                    # flat_s / compute_s
+    exposed_overlap_s: float        # max(0, flat_s - BACKWARD_SHARE compute_s)
+    efficiency_no_overlap: float
+    efficiency_full_overlap: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check(name: str, value, ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {what} (got {value!r})")
+
+
+def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1, pp: int = 1, *,
+                   gpus_per_node: int, intra_node_GBps: float, inter_node_Gbps: float,
+                   compute_s: float, serial_s: float = 0.0) -> AllreducePlan:
+    """The gradient all-reduce of one data-parallel step: bytes, link, flat and hierarchical time, bounds.
+
+    With ``M`` parameters, ``D = dp`` ranks, ``b`` bytes per gradient element and ``S = M/(tp pp) b``:
+
+    * bytes per rank ``2 S (D-1)/D`` (ring: reduce-scatter then all-gather, Patarasuk & Yuan 2009);
+    * the link: ``allreduce_link(dp_group_nodes(dp, tp, pp, gpus_per_node))``: NVLink-class when the
+      group fits inside one node, the inter-node link as soon as it spans nodes;
+    * flat ring ``t = 2 (D-1)/D S / B_link + 2 (D-1) alpha_link`` (``ring_allreduce_time``);
+    * hierarchical: a ring of the group's ``min(D, gpus_per_node // (tp pp))`` ranks inside a node, then
+      one shard per GPU across the nodes (``hierarchical_allreduce_time``);
+    * efficiency (weak scaling, ``W = serial_s + compute_s``): no overlap ``W / (W + t)``; full overlap
+      ``W / (W + max(0, t - 2/3 compute_s))``: DDP buckets can hide it behind backward, ~2/3 of compute.
+
+    Field case (pitfalls brief): 7e9 fp32 parameters, D = 1024 on 8-GPU nodes at 200 Gb/s: 56 GB per
+    rank, 2.26 s flat against 0.8 s of compute. ``D = 1`` moves nothing and takes no time.
+    Bad input raises ValueError naming the argument.
+    """
+    for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("gpus_per_node", gpus_per_node)):
+        _check(name, v, isinstance(v, Real) and v >= 1 and v == int(v), "a whole number >= 1")
+    for name, v in (("params", params), ("intra_node_GBps", intra_node_GBps),
+                    ("inter_node_Gbps", inter_node_Gbps), ("compute_s", compute_s)):
+        _check(name, v, isinstance(v, Real) and v > 0, "> 0")
+    _check("serial_s", serial_s, isinstance(serial_s, Real) and serial_s >= 0, ">= 0")
+    _check("grad_dtype", grad_dtype, grad_dtype in BYTES_PER_ELEMENT, f"one of {sorted(BYTES_PER_ELEMENT)}")
+    dp, tp, pp, gpus_per_node = int(dp), int(tp), int(pp), int(gpus_per_node)
+
+    buffer = params / (tp * pp) * BYTES_PER_ELEMENT[grad_dtype]
+    link = allreduce_link(dp_group_nodes(dp, tp, pp, gpus_per_node), intra_node_GBps, inter_node_Gbps)
+    why = ("one data-parallel rank: nothing to all-reduce" if dp == 1 else
+           f"dp x tp x pp = {dp * tp * pp} GPUs on {gpus_per_node}-GPU nodes {link.why}")
+    flat = ring_allreduce_time(buffer, dp, link.GBps, link.latency_s)
+    per_node = min(dp, max(1, gpus_per_node // (tp * pp)))
+    nodes = max(1, dp // per_node)
+    hier = hierarchical_allreduce_time(buffer, per_node, nodes, intra_node_GBps, gbps_to_GBps(inter_node_Gbps),
+                                       INTRA_NODE_LATENCY_S, INTER_NODE_LATENCY_S)
+    work = serial_s + compute_s
+    exposed = max(0.0, flat - BACKWARD_SHARE * compute_s)
+    return AllreducePlan(
+        dp=dp, tp=tp, pp=pp, grad_dtype=grad_dtype, buffer_bytes=buffer,
+        bytes_per_rank=allreduce_bytes_per_rank(params, dp, grad_dtype, tp, pp),
+        link=link.name, link_why=why, link_GBps=link.GBps, link_latency_s=link.latency_s, flat_s=flat,
+        dp_per_node=per_node, dp_nodes=nodes, hierarchical_s=hier, compute_s=compute_s, work_s=work,
+        ratio=flat / compute_s, exposed_overlap_s=exposed, efficiency_no_overlap=work / (work + flat),
+        efficiency_full_overlap=work / (work + exposed))
 
 
 # --- fitting the alpha-beta model to a measured sweep ------------------------------------------------

@@ -4,10 +4,10 @@ Data-parallel training keeps the per-GPU batch fixed (weak scaling), so one step
 
     T(N) = Ts + Tc + exposed_comm(N)        efficiency(N) = T(1) / T(N)
 
-with ``Ts`` serial and ``Tc`` parallel compute per step (profile), and the gradient all-reduce of
-``preflight.models.comm`` over ``dp = N / (tp pp)`` ranks. Inside one node the ring runs at the
-NVLink-class bandwidth; as soon as it spans nodes its slowest link, the per-GPU inter-node bandwidth,
-sets the pace (flat ring; hierarchical schemes are compared in chapter 3).
+with ``Ts`` serial and ``Tc`` parallel compute per step (profile), and the gradient all-reduce plan of
+``preflight.models.comm.allreduce_plan`` over ``dp = N / (tp pp)`` ranks. Inside one node the ring runs
+at the NVLink-class bandwidth; as soon as it spans nodes its slowest link, the per-GPU inter-node
+bandwidth, sets the pace (flat ring, ``comm.allreduce_link``; hierarchical schemes: chapter 3).
 
 Two bounds are given: *no overlap* (the all-reduce starts after backward: the field report's
 arithmetic) and *overlap* (DDP bucketing hides communication behind backward, which is about 2/3 of
@@ -17,11 +17,9 @@ and serial overhead before buying scale.
 """
 from __future__ import annotations
 
-from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
-from preflight.models.comm import BYTES_PER_ELEMENT, gbps_to_GBps, ring_allreduce_time
+from preflight.models.comm import BACKWARD_SHARE, allreduce_plan  # noqa: F401 (BACKWARD_SHARE: re-export)
 
 STOP_RULE_EFFICIENCY = 0.60     # the staged method's stop rule (pitfalls brief section 1)
-BACKWARD_SHARE = 2.0 / 3.0      # backward ~ 2x forward: the part of compute that can hide an all-reduce
 
 
 def stages(target_gpus: int) -> list[int]:
@@ -32,18 +30,6 @@ def stages(target_gpus: int) -> list[int]:
         n *= 8
     out.append(target_gpus)
     return out
-
-
-def comm_time(n_gpus: int, *, params: float, grad_dtype: str, tp: int, pp: int,
-              gpus_per_node: int, intra_node_GBps: float, inter_node_Gbps: float) -> float:
-    """Seconds of gradient all-reduce per step on ``n_gpus`` (flat ring, slowest link)."""
-    dp = max(1, n_gpus // (tp * pp))
-    if dp == 1:
-        return 0.0
-    buffer = params / (tp * pp) * BYTES_PER_ELEMENT[grad_dtype]     # gradient bytes per rank
-    if n_gpus <= gpus_per_node:
-        return ring_allreduce_time(buffer, dp, intra_node_GBps, INTRA_NODE_LATENCY_S)
-    return ring_allreduce_time(buffer, dp, gbps_to_GBps(inter_node_Gbps), INTER_NODE_LATENCY_S)
 
 
 def scaling_curve(*, serial_s: float, compute_s: float, params: float, grad_dtype: str,
@@ -62,21 +48,20 @@ def scaling_curve(*, serial_s: float, compute_s: float, params: float, grad_dtyp
     t1 = serial_s + compute_s
     rows = []
     for n in ns:
-        c = comm_time(n, params=params, grad_dtype=grad_dtype, tp=tp, pp=pp,
-                      gpus_per_node=gpus_per_node, intra_node_GBps=intra_node_GBps,
-                      inter_node_Gbps=inter_node_Gbps)
-        no_overlap = t1 + c
-        overlap = t1 + max(0.0, c - BACKWARD_SHARE * compute_s)
+        p = allreduce_plan(params, max(1, n // (tp * pp)), grad_dtype, tp, pp, gpus_per_node=gpus_per_node,
+                           intra_node_GBps=intra_node_GBps, inter_node_Gbps=inter_node_Gbps,
+                           compute_s=compute_s, serial_s=serial_s)
         m = (measured or {}).get(n)
         rows.append({
             "gpus": n,
-            "comm_s": c,
-            "step_s_no_overlap": no_overlap,
-            "step_s_overlap": overlap,
-            "efficiency_no_overlap": t1 / no_overlap,
-            "efficiency_overlap": t1 / overlap,
+            "comm_s": p.flat_s,
+            "link": p.link,
+            "step_s_no_overlap": t1 + p.flat_s,
+            "step_s_overlap": t1 + p.exposed_overlap_s,
+            "efficiency_no_overlap": p.efficiency_no_overlap,
+            "efficiency_overlap": p.efficiency_full_overlap,
             "efficiency_measured": m,
-            "efficiency": m if m is not None else t1 / no_overlap,
+            "efficiency": m if m is not None else p.efficiency_no_overlap,
             "source": "measured" if m is not None else "model (no overlap)",
         })
     return pd.DataFrame(rows)

@@ -27,29 +27,29 @@ def findings():
 
 
 def test_recorded_run_gives_every_measured_finding(findings):
-    assert set(findings) == {"data/small_file_slowdown", "data/h2d_pinned_speedup", "data/headroom",
-                             "data/headroom_default", "data/best_loader_setting", "data/instrumentation_overhead"}
+    assert set(findings) == {"data_pipeline/small_file_slowdown", "data_pipeline/h2d_pinned_speedup", "data_pipeline/headroom",
+                             "data_pipeline/headroom_default", "data_pipeline/best_loader_setting", "data_pipeline/instrumentation_overhead"}
     tune = _measured("loadtune").results
     best = tune["best"]
-    assert findings["data/headroom"].value == pytest.approx(best["headroom"])
-    assert findings["data/best_loader_setting"].value == best["num_workers"]
-    assert M.setting_label(best) in findings["data/best_loader_setting"].message
+    assert findings["data_pipeline/headroom"].value == pytest.approx(best["headroom"])
+    assert findings["data_pipeline/best_loader_setting"].value == best["num_workers"]
+    assert M.setting_label(best) in findings["data_pipeline/best_loader_setting"].message
 
 
 def test_in_process_loading_fails_on_idle_share_whatever_its_headroom(findings):
     """num_workers=0 can 'supply' more than the device consumes and still idle it every step:
     the verdict takes the worse of the headroom and the measured idle share."""
     default = next(r for r in _measured("loadtune").results["rows"] if r["num_workers"] == 0)
-    f = findings["data/headroom_default"]
+    f = findings["data_pipeline/headroom_default"]
     assert default["idle_share"] > C.IDLE_FAIL
     assert f.verdict == "fail"
     assert "inside the training loop" in f.message
 
 
 def test_small_files_slower_and_overhead_tiny(findings):
-    assert findings["data/small_file_slowdown"].value > 1
-    assert findings["data/instrumentation_overhead"].verdict == "pass"
-    assert findings["data/h2d_pinned_speedup"].value is None        # a CPU has no copy to measure
+    assert findings["data_pipeline/small_file_slowdown"].value > 1
+    assert findings["data_pipeline/instrumentation_overhead"].verdict == "pass"
+    assert findings["data_pipeline/h2d_pinned_speedup"].value is None        # a CPU has no copy to measure
 
 
 def test_break_points_table_has_every_stage_and_the_rule():
@@ -72,7 +72,7 @@ def test_gpu_copy_rows_when_measured():
     sink = FindingSink(None, "data_pipeline")
     pipe = Measured({**r, "h2d": h2d}, "recorded on test GPU", {})
     C.add_measured_findings(sink, load_profile(EXAMPLE), pipe, None, None)
-    f = {x.id: x for x in sink.findings}["data/h2d_pinned_speedup"]
+    f = {x.id: x for x in sink.findings}["data_pipeline/h2d_pinned_speedup"]
     assert f.value == 4.0 and "pinned non_blocking" in f.message
 
 
@@ -87,7 +87,7 @@ def test_rule_of_thumb_agrees_when_a_setting_inside_it_ties_the_best():
         sink = FindingSink(None, "data_pipeline")
         C.add_measured_findings(sink, load_profile(EXAMPLE), _measured("datapipe"),
                                 Measured(res, "recorded", {}), None)
-        return {f.id: f for f in sink.findings}["data/best_loader_setting"].message
+        return {f.id: f for f in sink.findings}["data_pipeline/best_loader_setting"].message
     for r in rows:                       # every 1-worker setting with prefetch 4-8 ties the best
         if r["num_workers"] == 1 and (r["prefetch_factor"] or 0) >= 4:
             r["idle_share"] = best

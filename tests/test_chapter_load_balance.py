@@ -27,10 +27,10 @@ def test_bubble_of_a_pipelined_plan_and_the_wrong_formula_beside_it():
     sink = FindingSink(None, "load_balance")
     C.add_plan_findings(sink, prof)
     f = {x.id: x for x in sink.findings}
-    assert f["balance/bubble_fraction"].value == pytest.approx(3 / 11)
-    assert f["balance/bubble_fraction"].verdict == "fail"
-    assert f["balance/bubble_over_ideal"].value == pytest.approx(3 / 8)
-    assert "9.4%" in f["balance/bubble_fraction"].message and "wrong" in f["balance/bubble_fraction"].message
+    assert f["load_balance/bubble_fraction"].value == pytest.approx(3 / 11)
+    assert f["load_balance/bubble_fraction"].verdict == "fail"
+    assert f["load_balance/bubble_over_ideal"].value == pytest.approx(3 / 8)
+    assert "9.4%" in f["load_balance/bubble_fraction"].message and "wrong" in f["load_balance/bubble_fraction"].message
 
 
 def test_interleaving_shrinks_the_bubble():
@@ -38,8 +38,8 @@ def test_interleaving_shrinks_the_bubble():
     sink = FindingSink(None, "load_balance")
     C.add_plan_findings(sink, prof)
     f = {x.id: x for x in sink.findings}
-    assert f["balance/bubble_fraction"].value == pytest.approx(P.bubble_fraction(4, 32, 2)) == pytest.approx(3 / 67)
-    assert f["balance/bubble_fraction"].verdict == "pass"
+    assert f["load_balance/bubble_fraction"].value == pytest.approx(P.bubble_fraction(4, 32, 2)) == pytest.approx(3 / 67)
+    assert f["load_balance/bubble_fraction"].verdict == "pass"
 
 
 def test_lengths_file_relative_to_the_profile(tmp_path):
@@ -52,7 +52,7 @@ def test_lengths_file_relative_to_the_profile(tmp_path):
     prof = load_profile(tmp_path / "p.yaml")
     sink = FindingSink(None, "load_balance")
     C.add_plan_findings(sink, prof, tmp_path / "p.yaml")
-    f = {x.id: x for x in sink.findings}["balance/padding_waste"]
+    f = {x.id: x for x in sink.findings}["load_balance/padding_waste"]
     # one batch of 16: 15 x 100 + 1600 real tokens padded to 16 x 1600
     assert f.value == pytest.approx(1 - (15 * 100 + 1600) / (16 * 1600))
     assert "lengths_file" in f.message
@@ -62,11 +62,11 @@ def test_recorded_measurements_give_every_finding():
     sink = FindingSink(None, "load_balance")
     C.add_measured_findings(sink, _measured("padding"), _measured("pipeline_bubble"), _measured("partition"))
     f = {x.id: x for x in sink.findings}
-    assert f["balance/bucketing_speedup"].value == _measured("padding").results["bucketing_speedup"]
+    assert f["load_balance/bucketing_speedup"].value == _measured("padding").results["bucketing_speedup"]
     rows = _measured("pipeline_bubble").results["rows"]
-    assert f["balance/measured_bubble"].value in [r["measured_bubble"] for r in rows]
+    assert f["load_balance/measured_bubble"].value in [r["measured_bubble"] for r in rows]
     part = _measured("partition").results
-    assert f["balance/partition_gain"].value == pytest.approx(part["throughput_time"] / part["throughput_count"])
+    assert f["load_balance/partition_gain"].value == pytest.approx(part["throughput_time"] / part["throughput_count"])
     # the partition placed every layer exactly once
     for key in ("by_count", "by_time"):
         assert sorted(i for stage in part[key] for i in stage) == list(range(len(part["layers"])))

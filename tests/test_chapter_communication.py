@@ -39,11 +39,11 @@ def test_plan_findings_fail_the_field_case():
     C.add_plan_findings(sink, load_profile(EXAMPLE))
     C.add_topology_finding(sink, load_profile(EXAMPLE))
     f = {x.id: x for x in sink.findings}
-    assert f["comm/comm_compute_ratio"].verdict == "fail"
-    assert f["comm/efficiency_no_overlap"].verdict == "fail" and f["comm/efficiency_full_overlap"].verdict == "fail"
-    assert f["comm/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
-    assert f["comm/topology"].verdict == "pass"
-    assert "hierarchical" in f["comm/allreduce_s"].message
+    assert f["communication/comm_compute_ratio"].verdict == "fail"
+    assert f["communication/efficiency_no_overlap"].verdict == "fail" and f["communication/efficiency_full_overlap"].verdict == "fail"
+    assert f["communication/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
+    assert f["communication/topology"].verdict == "pass"
+    assert "hierarchical" in f["communication/allreduce_s"].message
 
 
 def test_bf16_on_one_node_passes():
@@ -57,15 +57,15 @@ def test_bf16_on_one_node_passes():
     assert p["bytes_per_rank"] == pytest.approx(2 * 1e9 * 7 / 8 * 2)
     sink = FindingSink(None, "communication")
     C.add_plan_findings(sink, small)
-    assert {x.id: x for x in sink.findings}["comm/comm_compute_ratio"].verdict == "pass"
+    assert {x.id: x for x in sink.findings}["communication/comm_compute_ratio"].verdict == "pass"
 
 
 def test_plan_only_measured_findings_are_info():
     sink = FindingSink(None, "communication")
     C.add_sweep_findings(sink, load_profile(EXAMPLE), None)
     C.add_overlap_findings(sink, None, None)
-    assert {x.id for x in sink.findings} == {"comm/measured_busbw", "comm/alpha_beta_fit_error",
-                                             "comm/overlap_saving", "comm/bf16_saving"}
+    assert {x.id for x in sink.findings} == {"communication/measured_busbw", "communication/alpha_beta_fit_error",
+                                             "communication/overlap_saving", "communication/bf16_saving"}
     assert all(x.verdict == "info" and x.value is None for x in sink.findings)
 
 
@@ -86,14 +86,14 @@ def test_recorded_sweep_and_overlap_findings():
     C.add_overlap_findings(sink, _measured("overlap-emulated"), _measured("overlap-real"))
     f = {x.id: x for x in sink.findings}
     rows = sweep.results["rows"]
-    assert f["comm/measured_busbw"].value == max(r["busbw_GBps"] for r in rows)
-    assert f["comm/measured_busbw"].verdict == "info"            # gloo processes are not judged
-    assert f["comm/alpha_beta_fit_error"].value == sweep.results["fit"]["median_rel_error"]
+    assert f["communication/measured_busbw"].value == max(r["busbw_GBps"] for r in rows)
+    assert f["communication/measured_busbw"].verdict == "info"            # gloo processes are not judged
+    assert f["communication/alpha_beta_fit_error"].value == sweep.results["fit"]["median_rel_error"]
     emu = {r["config"]: r for r in _measured("overlap-emulated").results["rows"]}
     best = min(emu[k]["step_s"] for k in emu if k.startswith("ddp_bucket_"))
-    assert f["comm/overlap_saving"].value == pytest.approx(1 - best / emu["manual_allreduce"]["step_s"])
-    assert "emulated device" in f["comm/overlap_saving"].message
-    assert "Numerics (real run)" in f["comm/bf16_saving"].message
+    assert f["communication/overlap_saving"].value == pytest.approx(1 - best / emu["manual_allreduce"]["step_s"])
+    assert "emulated device" in f["communication/overlap_saving"].message
+    assert "Numerics (real run)" in f["communication/bf16_saving"].message
 
 
 def test_overlap_table_units():
