@@ -12,7 +12,7 @@ WHEELHOUSE ?= wheelhouse
 # Extra pip options, e.g. offline: PIP_OPTS="--no-index --find-links wheelhouse"
 PIP_OPTS ?=
 
-.PHONY: setup setup-keep-torch report plan test lab wheelhouse clean
+.PHONY: setup setup-keep-torch report plan test lint lab wheelhouse clean
 
 # Installed once; re-run only when pyproject.toml changes. A venv marked .keep-torch (make
 # setup-keep-torch) keeps its own torch: every other pin, then the package without dependencies.
@@ -72,7 +72,12 @@ test: setup
 	  fi; \
 	  rm -f "$$log"; \
 	fi
+	$(VENV)/bin/ruff check lib tests tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The linter alone (make test runs it first): pyflakes, pycodestyle, import order, bugbear, pyupgrade.
+lint: setup
+	$(VENV)/bin/ruff check lib tests tools
 
 ## JupyterLab for workshops: loopback only, token on.
 lab: setup

@@ -3,17 +3,31 @@
 of the heterogeneous model that must place every layer exactly once."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from preflight.bench import pipeline
+from preflight.models.pipeline import schedule_timeline
+
+ATTN = ("attn1", "attn2", "attn3", "attn4")          # four identical blocks
 
 
 def test_layer_times_differ_by_layer():
-    rows = pipeline.layer_times(quick=True, batch=2)
-    assert [r["name"] for r in rows] == pipeline.HETERO_NAMES
-    assert all(r["time_s"] > 0 and r["params"] > 0 for r in rows)
-    times = {r["name"]: r["time_s"] for r in rows}
-    assert max(times.values()) / min(times.values()) > 2
-    assert times["head"] > 1.5 * times["attn1"]         # the vocab projection is the heavy layer
+    # Timings on a 2-core machine another job shares: one layer's median can be 2x off when a burst of
+    # load lands on it (head/attn1 of one call: 0.8 to 3.6, the true ratio ~2). So three calls, which
+    # interleave the layers' measurements (A B C ... A B C ...), a per-layer median over them, and the
+    # head against the median of the four identical attention blocks; margins from runs under 2 CPU hogs.
+    calls = [pipeline.layer_times(quick=True, batch=2) for _ in range(3)]
+    for rows in calls:
+        assert [r["name"] for r in rows] == pipeline.HETERO_NAMES
+        assert all(r["time_s"] > 0 and r["params"] > 0 for r in rows)
+    params = {r["name"]: r["params"] for r in calls[0]}
+    times = {n: statistics.median(c[i]["time_s"] for c in calls) for i, n in enumerate(pipeline.HETERO_NAMES)}
+    # the embedding is a table lookup: ~100x under the rest (worst seen under load: 80x)
+    assert min(times[n] for n in pipeline.HETERO_NAMES[1:]) > 10 * times["embedding"]
+    # the vocab projection is the heavy layer: by size (exact) and in time (~2x a block; >= 1.25x under load)
+    assert params["head"] == max(params.values()) > 2 * params["attn1"]
+    assert times["head"] > statistics.median(times[n] for n in ATTN)
 
 
 def test_formula_and_splits():
@@ -37,19 +51,107 @@ def _check_ranks(res, p):
     assert [r["rank"] for r in res["ranks"]] == list(range(p))
     for r in res["ranks"]:
         assert 0 < r["busy_s"] <= r["step_s"] and 0 <= r["idle_share"] < 1
+    assert res["measured_bubble"] == pytest.approx(statistics.mean(r["idle_share"] for r in res["ranks"]))
+
+
+def _ops(res, step):
+    """{(kind, stage, micro-batch): (start, end)} of every rank's forwards and backwards in one timed step."""
+    ops = {}
+    for steps in res["timelines"]:
+        for kind, stage, mb, t0, t1 in steps[step]["actions"]:
+            if kind != "L":
+                assert (kind, stage, mb) not in ops, (kind, stage, mb)          # each op once
+                ops[kind, stage, mb] = (t0, t1)
+    return ops
+
+
+def _check_timeline(res):
+    """The mechanism, not the stopwatch. In every timed step each (virtual) stage ran the forward and the
+    backward of each micro-batch once; each op started only after the ops it needs ended, on whichever rank
+    ran them (``perf_counter`` is one clock for the machine's processes), which is what makes ranks wait;
+    and a rank's recorded intervals add up to its busy time. None of it depends on how fast anything ran."""
+    p, m, v = res["world_size"], res["microbatches"], res["chunks"]
+    n = p * v
+    assert [len(steps) for steps in res["timelines"]] == [len(res["timelines"][0])] * p
+    for k in range(len(res["timelines"][0])):
+        ops = _ops(res, k)
+        assert sorted(ops) == sorted((kind, s, j) for kind in "FB" for s in range(n) for j in range(m))
+        for (kind, s, j), (t0, t1) in ops.items():
+            needs = ([("F", s - 1, j)] if s > 0 else []) if kind == "F" else \
+                [("F", s, j)] + ([("B", s + 1, j)] if s < n - 1 else [])
+            for dep in needs:
+                assert ops[dep][1] <= t0 + 1e-6, f"step {k}: {kind}{j} on stage {s} started before {dep} ended"
+            assert t0 <= t1
+    for r, steps in zip(res["ranks"], res["timelines"], strict=True):
+        busy = [sum(a[4] - a[3] for a in st["actions"]) for st in steps]
+        assert r["busy_s"] == pytest.approx(statistics.median(busy), rel=1e-4, abs=1e-6)
+        assert all(st["start"] <= a[3] <= a[4] <= st["end"] for st in steps for a in st["actions"])
+
+
+def _union(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _length(intervals):
+    return sum(b - a for a, b in intervals)
+
+
+def _overlap(x, y):
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in x for c, d in y)
+
+
+def interval_bubble(res, step):
+    """The bubble from the recorded intervals: the share of the pipeline's compute span (the union of all
+    ranks' busy intervals) in which a rank sits idle while another rank computes, mean over ranks. Time in
+    which no rank computes (send/recv, a woken rank waiting for a core that another job holds) counts in
+    neither, so load on the machine does not inflate it the way it inflates ``step - busy``."""
+    busy = [_union([a[3], a[4]] for a in steps[step]["actions"]) for steps in res["timelines"]]
+    span = _length(_union(iv for b in busy for iv in b))
+    shares = []
+    for r, mine in enumerate(busy):
+        others = _union(iv for q, b in enumerate(busy) if q != r for iv in b)
+        shares.append((_length(others) - _overlap(others, mine)) / span)
+    return statistics.mean(shares)
 
 
 def test_bubble_follows_formula(bubble):
+    """Under load (2 CPU hogs on the 2 cores) the stopwatch bubble ``1 - busy/step`` is mostly send/recv
+    and scheduling latency: m=4 once idled 54.9 %, m=1 52.9 %. So the ordering is asserted on the
+    mechanism: the schedule's op order, the waits (``_check_timeline``), and the bubble from the intervals."""
     df = bubble.set_index("m")
     assert list(df["formula"]) == pytest.approx([0.5, 0.2])
-    assert 0.3 < df.loc[1, "measured_bubble"] < 0.7                # (p-1)/(m+p-1) = 1/2
-    assert df.loc[4, "measured_bubble"] < df.loc[1, "measured_bubble"]
     assert df.loc[1, "schedule"] == "gpipe" and df.loc[4, "schedule"] == "1f1b"   # 1F1B needs m >= p
-    for rec in bubble.attrs["records"]:
-        res = rec["results"]
+    recs = {rec["results"]["microbatches"]: rec["results"] for rec in bubble.attrs["records"]}
+    for m, res in recs.items():
         _check_ranks(res, 2)
+        _check_timeline(res)
         assert res["throughput"] > 0 and res["oversubscribed"] is False
         assert set(res["straggler"]) >= {"step_s_per_rank", "slowest_rank", "excess"}
+        # each rank ran its ops in the schedule's order (GPipe: all F, then all B; 1F1B: p-s warm-up forwards,
+        # then alternating): the simulated schedule's per-stage order, whatever the timings
+        model = schedule_timeline(2, m, res["schedule"])
+        for rank, steps in enumerate(res["timelines"]):
+            want = [(x.kind, x.microbatch) for x in model[model["stage"] == rank].sort_values("start").itertuples()]
+            for st in steps:
+                assert [(a[0], a[2]) for a in st["actions"] if a[0] != "L"] == want, (m, rank)
+    # m=1: nothing can overlap (F0, F1, loss, B1, B0 wait for each other), so the interval bubble is exactly
+    # (p-1)/(m+p-1) = 1/2 in every step, load or not; the stopwatch share is at least 1/2 (step >= both ranks'
+    # busy time) plus latency: no upper bound that a loaded machine keeps but 1.
+    assert all(interval_bubble(recs[1], k) == pytest.approx(0.5, abs=1e-6) for k in range(len(recs[1]["timelines"][0])))
+    assert 0.3 < df.loc[1, "measured_bubble"] < 1
+    # m=4: the ranks compute at the same time, so the bubble shrinks towards 1/5. Load only adds gaps and
+    # stretches ops, so the least disturbed of the timed steps is the closest to the schedule's own bubble:
+    # 0.19-0.25 unloaded, 0.22-0.27 under 2 hogs (median step up to 0.32, one step 0.39); formula +- 0.15
+    # keeps a margin and still fails a pipeline that stops overlapping (that gives 1/2, as m=1).
+    best = min(interval_bubble(recs[4], k) for k in range(len(recs[4]["timelines"][0])))
+    assert abs(best - recs[4]["formula"]) < 0.15, best
+    assert 0 < df.loc[4, "measured_bubble"] < 1
 
 
 def test_interleaved_and_gpipe_run(tmp_path):
@@ -59,8 +161,10 @@ def test_interleaved_and_gpipe_run(tmp_path):
     assert [(s["stage"], s["rank"]) for s in res["stages"]] == [(0, 0), (1, 1), (2, 0), (3, 1)]
     assert inter.loc[0, "formula"] == pytest.approx(1 / 5)
     _check_ranks(res, 2)
+    _check_timeline(res)                                 # both chunks of each rank, in dependency order
     gpipe = pipeline.measure_bubble(p=2, ms=(2,), schedule="gpipe", quick=True, timeout=120, out=tmp_path)
     _check_ranks(gpipe.attrs["records"][0]["results"], 2)
+    _check_timeline(gpipe.attrs["records"][0]["results"])
     assert sorted(p.name for p in tmp_path.glob("pipeline-*.json")) == [
         "pipeline-gpipe-p2-m2-v1-balanced.json", "pipeline-interleaved-p2-m2-v2-balanced.json"]
 
@@ -73,6 +177,7 @@ def test_partition_places_every_layer_once(boundaries):
     assert res["stages"][1]["layers"][0] == pipeline.HETERO_NAMES[boundaries[1]]
     assert res["throughput"] > 0 and res["model"] == "hetero"
     _check_ranks(res, 2)
+    _check_timeline(res)
 
 
 def test_partition_refused_before_launch():

@@ -9,6 +9,7 @@ import pytest
 
 from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as F
+from preflight.numfmt import pct
 
 HOUR, DAY = 3600.0, 86400.0
 
@@ -330,14 +331,14 @@ def test_failure_explorer_follows_sliders():
     r = _readout(box)
     assert r["p_day"] == "9.52%" and r["mtbf_h"] == "240 h (10 d)" and r["failures_run"] == "3"
     assert r["p"] == "1.0e-4 (1 in 10,000)"
-    assert r["p_run"] == Wd._pct(F.failure_prob(1e-4, 1000, 30)) == "95.0%"
+    assert r["p_run"] == pct(F.failure_prob(1e-4, 1000, 30)) == "95.0%"
     svg = box.children[3].value
     c["nodes"].value = _near(c["nodes"], 2048)
     c["run length (days)"].value = 54
     r = _readout(box)
     n = c["nodes"].value
     assert r["nodes"] == f"{n:,}"
-    assert r["p_run"] == Wd._pct(F.failure_prob(1e-4, n, 54)) == ">99.9%"
+    assert r["p_run"] == pct(F.failure_prob(1e-4, n, 54)) == ">99.9%"
     assert r["mtbf_h"] == Wd._hours(F.system_mtbf_h(1e-4, n)) == "120 h (5 d)"
     assert box.children[3].value != svg
 
@@ -377,15 +378,14 @@ def test_failure_explorer_tiny_and_huge_values_read_naturally():
 
 
 def test_interval_explorer_follows_sliders():
-    from preflight.widgets import fault_tolerance as Wd
     from preflight.widgets import interval_explorer
 
     box = interval_explorer(60, 300, 24, plan_interval_s=1800)
     r = _readout(box)
     assert r["young_s"] == "53.7 min (3,220 s)"
     assert r["daly_s"] == "53 min (3,180 s)"
-    assert r["waste_daly"] == Wd._pct(F.daly_waste(F.daly_interval(60, DAY), 60, 300, DAY)) == "4.01%"
-    assert r["waste_plan"] == Wd._pct(F.daly_waste(1800, 60, 300, DAY)) == "4.60%"
+    assert r["waste_daly"] == pct(F.daly_waste(F.daly_interval(60, DAY), 60, 300, DAY)) == "4.01%"
+    assert r["waste_plan"] == pct(F.daly_waste(1800, 60, 300, DAY)) == "4.60%"
     assert "walltime" not in r
     c = _controls(box)
     t0 = time.perf_counter()
@@ -493,15 +493,11 @@ def test_interval_explorer_sliders_read_naturally_and_start_exactly():
 
 
 def test_readable_numbers():
+    """The sliders' own compositions (the shared formatters: test_numfmt.py)."""
     from preflight.widgets import fault_tolerance as Wd
 
-    assert [Wd._duration(s) for s in (45, 3220, 28460, 48 * 3600, 6.75e6, 8.6e10)] == [
-        "45 s", "53.7 min", "7.91 h", "48 h", "78.1 d", "2,725 years"]
     assert Wd._hours(1875) == "1,875 h (78.1 d)" and Wd._hours(0.00229) == "8.24 s" and Wd._hours(3.09) == "3.09 h"
-    assert [Wd._pct(x) for x in (0.00426, 0.0952, 0.0027, 0.6, 1e-6, 0.9999, 1.0, 0.0)] == [
-        "0.426%", "9.52%", "0.270%", "60.0%", "<0.001%", ">99.9%", "100%", "0%"]
     assert Wd._points(0.331) == "+33.1 points" and Wd._points(3e-12) == "≈0 (<0.001 points)"
-    assert Wd._sci(1e-4) == "1.0e-4" and Wd._sci(0.00378, 3) == "3.78e-3"
     assert Wd._plural(1, "day") == "1 day" and Wd._plural(2, "node") == "2 nodes"
 
 

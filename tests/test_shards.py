@@ -1,7 +1,6 @@
 """preflight.shards: small files -> tar shards, resumable conversion, checked reading, CLI."""
 import hashlib
 import json
-import os
 import re
 import shutil
 import tarfile
@@ -388,4 +387,4 @@ def test_cli_bad_input_writes_nothing(src, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["shards", str(broken), str(dst), "--quiet"])
     assert exit_.value.code == 2 and "99999999.img.zz: cannot read" in capsys.readouterr().err
-    assert not list(dst.glob("shard-*.tar")) and not os.path.exists(dst / "manifest.json.tmp")
+    assert not list(dst.glob("shard-*.tar")) and _leftovers(dst) == []

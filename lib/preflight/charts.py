@@ -10,6 +10,9 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from preflight.numfmt import GiB, sci
+
+
 def use_offline_renderer() -> None:
     alt.renderers.enable("svg")
     alt.data_transformers.disable_max_rows()
@@ -260,14 +263,6 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
     return alt.layer(*layers).properties(width=460, height=260, title=title)
 
 
-def _sci(p: float) -> str:
-    """``1.0e-4``: a probability in short scientific notation (no padded exponent)."""
-    if p == 0:
-        return "0"
-    m, e = f"{p:.1e}".split("e")
-    return f"{m}e{int(e)}"
-
-
 _FAILURE_COLOURS = ("#1e88e5", "#fb8c00", "#43a047")      # your input, field report, Llama 3
 
 
@@ -283,11 +278,11 @@ def failure_prob_chart(p_node_day: float, nodes: int, days_max: int) -> alt.Laye
     days = list(range(1, max(1, int(days_max)) + 1))
     ref = reference_points()
     same = [r["case"] for _, r in ref.iterrows() if abs(r[p_col] - p_node_day) <= 0.01 * p_node_day]
-    series = [(f"your input: p = {_sci(p_node_day)} per node-day" + (f" (= {same[0]})" if same else ""),
+    series = [(f"your input: p = {sci(p_node_day)} per node-day" + (f" (= {same[0]})" if same else ""),
                p_node_day, _FAILURE_COLOURS[0])]
     for (_, r), colour in zip(ref.iterrows(), _FAILURE_COLOURS[1:]):
         if r["case"] not in same:
-            series.append((f"{r['case']}: p = {_sci(r[p_col])} per node-day", r[p_col], colour))
+            series.append((f"{r['case']}: p = {sci(r[p_col])} per node-day", r[p_col], colour))
     df = pd.DataFrame([{"days": d, "P(>=1 failure)": failure_prob(p, nodes, d), "curve": k}
                        for k, p, _ in series for d in days])
     line = alt.Chart(df).mark_line().encode(
@@ -305,10 +300,9 @@ def failure_prob_chart(p_node_day: float, nodes: int, days_max: int) -> alt.Laye
 
 def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None, title: str = "") -> alt.LayerChart:
     """One horizontal bar of per-GPU memory stacked by term (GiB), the GPU's memory as a rule."""
-    gib = 2 ** 30
-    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"], "GiB": terms["bytes"] / gib})
+    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"], "GiB": terms["bytes"] / GiB})
           if terms is not None else pd.DataFrame({"plan": ["per GPU"], "term": ["(no valid plan)"], "GiB": [0.0]}))
-    top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / gib) * 1.05 or 1.0
+    top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / GiB) * 1.05 or 1.0
     bars = alt.Chart(df).mark_bar().encode(
         y=alt.Y("plan:N", title=None), x=alt.X("sum(GiB):Q", title="GiB", scale=alt.Scale(domain=[0, top])),
         color=alt.Color("term:N", title=None, sort=None, scale=alt.Scale(
@@ -318,7 +312,7 @@ def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None,
                                 "'framework'], datum.term)")
     layers = [bars]
     if capacity_bytes:
-        cap = pd.DataFrame({"GiB": [capacity_bytes / gib], "label": [f"GPU memory {capacity_bytes / gib:,.0f} GiB"]})
+        cap = pd.DataFrame({"GiB": [capacity_bytes / GiB], "label": [f"GPU memory {capacity_bytes / GiB:,.0f} GiB"]})
         layers += [alt.Chart(cap).mark_rule(color="#b71c1c", strokeWidth=2).encode(x="GiB:Q"),
                    alt.Chart(cap).mark_text(align="left", dx=4, dy=-22, color="#b71c1c").encode(x="GiB:Q", text="label:N")]
     return alt.layer(*layers).properties(width=480, height=60, title=title)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from preflight.chapters.registry import current_id
 from preflight.findings import VERDICT_RANK
-from preflight.report import esc, facts_table, fid, fmt_value, page, table, verdict_badge
+from preflight.numfmt import fmt_delta, fmt_rel, fmt_value
+from preflight.report import esc, facts_table, fid, page, table, verdict_badge
 
 MARKS = ("improved", "worse", "changed", "same")
 
@@ -94,21 +95,6 @@ def chapter_rows(old: dict, new: dict) -> list[tuple[str, str | None, str | None
         return {c["name"]: (c["verdict"] if c["status"] == "ok" else "error") for c in s["chapters"]}
     o, n = verdicts(old), verdicts(new)
     return [(name, o.get(name), n.get(name)) for name in list(n) + [x for x in o if x not in n]]
-
-
-def fmt_delta(delta: float | None, unit: str) -> str:
-    """A signed change in the finding's unit: +1.2 GB, -3.5 pp (fractions), +0.4x, -120 s."""
-    if delta is None or unit == "bool":
-        return ""
-    if delta == 0:
-        return "0"
-    if unit == "fraction":
-        return f"{delta * 100:+.1f} pp"
-    return ("+" if delta > 0 else "-") + fmt_value(abs(delta), unit)
-
-
-def fmt_rel(rel: float | None) -> str:
-    return "" if rel is None else "0" if rel == 0 else f"{rel:+.1%}"
 
 
 def warnings(old: dict, new: dict) -> list[str]:

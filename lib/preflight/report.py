@@ -24,6 +24,7 @@ from pathlib import Path
 from preflight.chapters.registry import BY_NAME
 from preflight.findings import SCHEMA_PATH, VERDICT_RANK
 from preflight.fsutil import atomic_write_text
+from preflight.numfmt import fmt_value
 
 SCHEMA_TAG = "preflight-findings/1"
 
@@ -132,23 +133,6 @@ svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:a
 def esc(x) -> str:
     """HTML-escape anything for text or a quoted attribute (None becomes empty)."""
     return html.escape("" if x is None else str(x))
-
-
-def fmt_value(value, unit: str) -> str:
-    """A finding's number for people: 12.5%, 3.2x, 56 GB, 5,000 s, yes/no; ``n/a`` when null."""
-    if value is None:
-        return "n/a"
-    if unit == "fraction":
-        return f"{value:.1%}"
-    if unit == "x":
-        return f"{value:.3g}x"
-    if unit == "bytes":
-        return f"{value / 1e9:.3g} GB"
-    if unit == "bool":
-        return "yes" if value else "no"
-    if abs(value) >= 1000:
-        return f"{value:,.0f} {unit}".strip()
-    return f"{value:.4g} {unit}".strip()
 
 
 def fid(finding_id: str) -> str:

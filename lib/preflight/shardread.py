@@ -1,4 +1,4 @@
-"""Checked reading of tar shards (the format and the writer are in ``preflight.shards``).
+"""Checked reading of tar shards (the format: ``preflight.shardformat``; the writer: ``preflight.shards``).
 
 Checked reading. A tar reader on its own cannot tell a shard cut short from a short shard: a copy
 interrupted at a sample boundary is a valid tar, and an epoch would silently be shorter. So every
@@ -34,13 +34,7 @@ import webdataset as wds
 from torch.utils.data import Dataset, default_collate
 from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
-from preflight.shards import (
-    ShardError,
-    SkipStats,
-    _list_samples,
-    _read_source,
-    load_manifest,
-)
+from preflight.shardformat import ShardError, SkipStats, list_samples, load_manifest, read_source
 
 
 class SmallFileDataset(Dataset):
@@ -48,7 +42,7 @@ class SmallFileDataset(Dataset):
 
     def __init__(self, src, transform=None):
         self.src = Path(src).resolve()
-        self.samples, self.fields = _list_samples(self.src)
+        self.samples, self.fields = list_samples(self.src)
         self.transform = transform
 
     def __len__(self):
@@ -57,7 +51,7 @@ class SmallFileDataset(Dataset):
     def __getitem__(self, i):
         key, files = self.samples[i]
         sample = {"__key__": key, "__url__": str(self.src), "__index__": i}
-        sample.update({ext.lower(): _read_source(path) for ext, path in files})
+        sample.update({ext.lower(): read_source(path) for ext, path in files})
         return self.transform(sample) if self.transform is not None else sample
 
 
@@ -76,9 +70,12 @@ def _check_on_error(on_error: str) -> None:
         raise ValueError(f"on_error = {on_error!r}: accepted values are 'raise' and 'skip'")
 
 
-def _samples(url: str, stream, expected: int | None, fields: list | None = None):
-    """Yield the samples of one open shard through webdataset's tar iteration, checked.
-    (Also the read-back check of ``shards.convert``: the writer verifies with the training reader.)"""
+def checked_samples(url: str, stream, expected: int | None, fields: list | None = None):
+    """Yield the samples of one open shard through webdataset's tar iteration, checked: every sample
+    has ``fields`` (the first sample's fields when None) and there are exactly ``expected`` of them
+    (any number when None); otherwise ``ShardError`` naming the shard and the first sample not
+    delivered. Also the read-back check of ``shards.convert``: the writer verifies with the training
+    reader."""
     shard = Path(url).name
     last = {"fname": None}
 
@@ -131,7 +128,7 @@ def iter_shard(url, expected: int | None = None, on_error: str = "raise",
     url, delivered = str(url), 0
     try:
         with open(url, "rb") as stream:
-            for sample in _samples(url, stream, expected, fields):
+            for sample in checked_samples(url, stream, expected, fields):
                 yield sample
                 delivered += 1
     except (OSError, ShardError) as err:   # OSError: open() itself; read errors arrive as ShardError

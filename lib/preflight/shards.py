@@ -1,4 +1,4 @@
-"""Tar shards: the format, and the writer that packs a small-file dataset into it.
+"""Tar shards: the writer that packs a small-file dataset into them, and one import for all of it.
 
 Why shards. A parallel file system (Lustre, GPFS, BeeGFS) spreads file *data* over many storage
 servers but serves *metadata* (open, stat, directory lookup) from a few metadata servers. A training
@@ -7,22 +7,14 @@ dozens of nodes then queue at the metadata servers while the GPUs wait. Packed i
 same bytes are read as long sequential streams: one open per shard, then bandwidth. Cluster guides
 advise shards of 200-500 MB and no file under 64 MB on a parallel file system; the default is 256 MB.
 
-Layout (the webdataset convention): ``DST/shard-000000.tar, shard-000001.tar, ...``. A sample is the
-run of consecutive members that share a key, the path up to the first dot of the basename:
-``cls_03/00000123.img.zz`` is field ``img.zz`` of sample ``cls_03/00000123``. Every sample has the
-same fields. Member bytes are deterministic (fixed mtime, owner, mode): the same source gives the same
-shards, byte for byte.
+The format (layout, key rules, manifest, errors) is ``preflight.shardformat``; the checked reader
+is ``preflight.shardread``. This module writes: ``convert`` packs the samples in key order into
+shards of about ``shard_bytes``, with deterministic member bytes (fixed mtime, owner, mode: the same
+source gives the same shards, byte for byte), writes the manifest after every shard, and reads every
+shard back with the training reader before marking the set complete.
 
-Manifest. ``DST/manifest.json`` (``FORMAT``) records the source, the shard size, the fields, and each
-shard's sample count, size, sha256 and first/last key; ``complete`` is set only once every shard has
-been written and read back. That makes two things possible:
-
-* resuming: a conversion killed after shard k keeps shards 0..k (checked against their sha256);
-* checked reading: a truncated shard yields fewer samples than the manifest says, and the reader
-  turns that into an error naming the shard and the sample, never a silently shorter epoch.
-
-Reading lives in ``preflight.shardread`` (``iter_shard``, ``shard_pipeline``, ``small_file_dataset``);
-those names are also reachable here, as ``shards.shard_pipeline`` and so on.
+The reader's and the format's public names are re-exported here (``shards.shard_pipeline``,
+``shards.ShardError``, ``shards.load_manifest``, ...): one import for a notebook.
 """
 from __future__ import annotations
 
@@ -32,36 +24,34 @@ import os
 import re
 import tarfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import webdataset as wds
-from webdataset.tariterators import base_plus_ext
 
-FORMAT = "preflight-shards/1"
-MANIFEST = "manifest.json"
+from preflight.fsutil import atomic_write_text, fsync_dir
+from preflight.shardformat import (
+    FORMAT,
+    MANIFEST,
+    ShardError,
+    SkipStats,
+    list_samples,
+    load_manifest,
+    read_manifest,
+    read_source,
+    shard_name,
+    shard_urls,
+)
+from preflight.shardread import SmallFileDataset, checked_samples, iter_shard, shard_pipeline, small_file_dataset
+
+__all__ = ["FORMAT", "MANIFEST", "ShardError", "SkipStats", "SmallFileDataset", "convert", "iter_shard",
+           "load_manifest", "parse_size", "shard_name", "shard_pipeline", "shard_urls", "small_file_dataset"]
+
 _MTIME = 0            # fixed member mtime: the same source bytes always give the same shard bytes
 _OWNER = "preflight"  # member uname/gname
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 _SIZE_FORMS = ("accepted forms: 256MB, 500kB, 1GB (powers of 1000), 64MiB, 1GiB (powers of 1024), "
                "or plain bytes such as 1000000")
-
-
-class ShardError(ValueError):
-    """A corrupt or truncated shard, a bad shard set or source tree. ``str()`` is the user message."""
-
-    def __init__(self, message: str, shard: str | None = None, index: int | None = None,
-                 key: str | None = None):
-        super().__init__(message)
-        self.shard, self.index, self.key = shard, index, key
-
-
-@dataclass
-class SkipStats:
-    """What ``on_error="skip"`` dropped: sample count and one (shard, index, reason) per incident."""
-    skipped_samples: int = 0
-    bad_shards: list = field(default_factory=list)
 
 
 def parse_size(text: str) -> int:
@@ -76,90 +66,9 @@ def parse_size(text: str) -> int:
     return n
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:06d}.tar"
-
-
-# ---------------------------------------------------------------- the source tree
-
-def _list_samples(src: Path) -> tuple[list, list]:
-    """([(key, [(ext, path), ...]), ...] sorted by key, the field names every sample has)."""
-    if not src.is_dir():
-        raise ShardError(f"source {src}: {'not a folder' if src.exists() else 'no such folder'}")
-    groups: dict[str, list] = {}
-    for dirpath, _, filenames in os.walk(src):     # one directory listing per folder, no stat
-        for name in filenames:
-            path = Path(dirpath, name)
-            key, ext = base_plus_ext(path.relative_to(src).as_posix())
-            if key is None or ext.startswith("_"):
-                raise ShardError(f"{path}: not a sample file; a webdataset member needs a name KEY.EXT")
-            groups.setdefault(key, []).append((ext, path))
-    if not groups:
-        raise ShardError(f"source {src}: no sample files in it")
-    samples = sorted((key, sorted(files)) for key, files in groups.items())
-    fields = [ext.lower() for ext, _ in samples[0][1]]
-    for key, files in samples:     # uniform fields: the reader can then tell a partial sample
-        have = [ext.lower() for ext, _ in files]
-        if have != fields or len(set(have)) != len(have):
-            raise ShardError(f"source {src}: sample {key} has fields {have}, sample {samples[0][0]} has "
-                             f"{fields}; every sample needs the same fields (extensions)")
-    return samples, fields
-
-
-def _read_source(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise ShardError(f"{path}: cannot read the sample file ({err.strerror or err})") from err
-
-
-# ---------------------------------------------------------------- the manifest
-
-def load_manifest(dst) -> dict:
-    """The manifest of a complete shard set in ``dst``; ShardError if there is none."""
-    path = Path(dst) / MANIFEST
-    m = _read_manifest(path)
-    if m is None:
-        raise ShardError(f"{path}: no shard manifest; convert first: python -m preflight shards SRC {dst}")
-    if not m.get("complete"):
-        raise ShardError(f"{path}: incomplete shard set (interrupted conversion); run the same "
-                         "conversion again to resume it")
-    return m
-
-
-def _read_manifest(path: Path) -> dict | None:
-    if not path.exists():
-        return None
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ShardError(f"{path}: unreadable manifest ({err})") from err
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ShardError(f"{path}: not a {FORMAT} manifest")
-    return m
-
-
-def shard_urls(dst) -> list[str]:
-    """Absolute paths of the shards of the complete set in ``dst``, in manifest order."""
-    return [str((Path(dst) / s["name"]).resolve()) for s in load_manifest(dst)["shards"]]
-
-
 def _write_manifest(dst: Path, manifest: dict) -> None:
-    tmp = dst / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dst / MANIFEST)
-    _fsync_dir(dst)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Replace the manifest whole and durably: a resumed conversion trusts what it lists."""
+    atomic_write_text(dst / MANIFEST, json.dumps(manifest, indent=1))
 
 
 # ---------------------------------------------------------------- writing shards
@@ -197,13 +106,11 @@ def _tar_bytes(members: int) -> int:
 
 def _verify_shard(path: Path, entry: dict, fields: list) -> None:
     """Read one shard back (same checked reader as training) and compare it with its manifest entry."""
-    # imported here, not at the top: shardread imports this module
-    from preflight.shardread import _samples
     first = last = None
     try:
         with open(path, "rb") as f:
             stream = _Hashing(f)
-            for sample in _samples(str(path), stream, entry["samples"], fields):
+            for sample in checked_samples(str(path), stream, entry["samples"], fields):
                 first, last = first or sample["__key__"], sample["__key__"]
             while stream.read(1 << 20):     # hash the end-of-archive padding too
                 pass
@@ -221,7 +128,7 @@ def _resumable(src: Path, dst: Path, shard_bytes: int, force: bool) -> list:
         return []
     present = {p.name for p in dst.glob("shard-*.tar")}
     try:
-        m = _read_manifest(dst / MANIFEST)
+        m = read_manifest(dst / MANIFEST)
     except ShardError as err:
         raise ShardError(f"{err}; pass force=True (--force) to replace it") from err
     if m is None and not present:
@@ -257,7 +164,7 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
     if dst.exists() and not dst.is_dir():
         raise ShardError(f"destination {dst}: exists and is not a folder")
     candidates = _resumable(src, dst, shard_bytes, force)      # nothing written yet
-    samples, fields = _list_samples(src)
+    samples, fields = list_samples(src)
 
     dst.mkdir(parents=True, exist_ok=True)
     kept, pos = [], 0                  # keep the prefix of finished shards that still check out
@@ -273,7 +180,7 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
         kept.append(entry)
         pos += n
     keep = {e["name"] for e in kept}
-    for p in [*dst.glob("shard-*.tar"), *dst.glob("shard-*.tar.tmp"), dst / (MANIFEST + ".tmp")]:
+    for p in [*dst.glob("shard-*.tar"), *dst.glob("shard-*.tar.tmp"), *dst.glob(f".{MANIFEST}.*.tmp")]:
         if p.name not in keep:         # the manifest itself is replaced atomically just below
             p.unlink(missing_ok=True)
     manifest = {"format": FORMAT, "source": str(src), "shard_bytes": shard_bytes, "samples": len(samples),
@@ -291,7 +198,7 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
                                    mtime=_MTIME) as writer:
                     while pos < len(samples):
                         key, files = samples[pos]
-                        data = carry or {ext: _read_source(path) for ext, path in files}
+                        data = carry or {ext: read_source(path) for ext, path in files}
                         size = sum(_member_bytes(writer.tarstream, f"{key}.{ext}", len(b))
                                    for ext, b in data.items())
                         if pos > start and _tar_bytes(members + size) > shard_bytes:
@@ -306,7 +213,7 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
                                        "last_key": samples[pos - 1][0]})
             _write_manifest(dst, manifest)     # listed before the rename: every shard-*.tar is listed
             os.replace(tmp, dst / name)
-            _fsync_dir(dst)
+            fsync_dir(dst)
         finally:
             tmp.unlink(missing_ok=True)
         if progress is not None:
@@ -323,21 +230,3 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
     return {"shards": len(manifest["shards"]), "samples": total, "dst": str(dst),
             "bytes": sum(e["bytes"] for e in manifest["shards"]), "seconds": time.perf_counter() - t0,
             "resumed_shards": len(kept)}
-
-
-# ---------------------------------------------------------------- the reader, under its old names
-
-_READER = ("iter_shard", "shard_pipeline", "small_file_dataset", "SmallFileDataset")
-
-
-def __getattr__(name: str):
-    """``shards.shard_pipeline`` etc. keep working. Imported on first use, not at the top: shardread
-    imports ShardError, SkipStats and load_manifest from here, so the import graph stays one-way."""
-    if name in _READER:
-        from preflight import shardread
-        return getattr(shardread, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_READER])

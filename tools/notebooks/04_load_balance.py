@@ -166,6 +166,16 @@ if bub:
                                              y_format="%", title="Idle share per rank: measured vs (p-1)/(m+p-1)"))
 
 # %% [markdown]
+# Runs of your own layout (`torchrun --nproc_per_node=P -m preflight.bench.pipeline --schedule ...
+# --microbatches M --out results/` on your nodes) are shown here when the audit reads `--results`.
+
+# %%
+runs = ch.measurement_set(bench_pipeline.METHOD, run=list) if ch.results_dir else None
+if runs:
+    print(runs.source)
+    ch.table(bench_pipeline.runs_frame(runs.results["records"]))
+
+# %% [markdown]
 # ## 4. Partition by measured layer time
 #
 # A model whose layers cost really different times (an embedding, attention blocks, one wide FFN, a

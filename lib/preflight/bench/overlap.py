@@ -88,7 +88,9 @@ def comm_bytes_per_step(config: str, shapes, world_size: int, k: int = ACCUM_K,
     return sum(numel) * factor / (k if config.startswith("ddp_no_sync") else 1)
 
 
-def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0):
+def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0,
+                log: list | None = None):
+    """The stack; emulated, each layer's backward appends its end (``perf_counter``) to ``log``."""
     import torch
     from torch import nn
 
@@ -104,6 +106,8 @@ def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float,
         @staticmethod
         def backward(ctx, grad):
             time.sleep(bwd_s)
+            if log is not None:
+                log.append(time.perf_counter())
             return grad, grad.new_full(ctx.shapes[0], 1e-3), grad.new_full(ctx.shapes[1], 1e-3)
 
     class EmulatedLayer(nn.Linear):
@@ -120,9 +124,11 @@ def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float,
     return nn.Sequential(*mods).to(device)
 
 
-def _runner(config, mode, setup, device, rank, world):
+def _runner(config, mode, setup, device, rank, world, trace: dict | None = None):
     """A fresh model trained under ``config``: (step, k micro-batches per step, finish). ``step()`` is one
-    update; ``finish()`` -> (eval loss, updates, PowerSGD measured compression ratio or None)."""
+    update; ``finish()`` -> (eval loss, updates, PowerSGD measured compression ratio or None). With
+    ``trace`` (a bucket configuration, untimed): ``trace["compute"]`` gets each layer's backward end,
+    ``trace["comm"]`` each bucket's (bytes, all-reduce launched, done), from a recording all-reduce hook."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -131,7 +137,8 @@ def _runner(config, mode, setup, device, rank, world):
     from preflight import hooks
 
     layers, hidden, batch, lr, fwd_ms, bwd_ms = setup
-    model = _make_model(mode, layers, hidden, (fwd_ms or 0) / 1e3, (bwd_ms or 0) / 1e3, device)
+    model = _make_model(mode, layers, hidden, (fwd_ms or 0) / 1e3, (bwd_ms or 0) / 1e3, device,
+                        log=trace["compute"] if trace else None)
     params = list(model.parameters())
     teacher = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(7)) / hidden ** 0.5
     gen = torch.Generator().manual_seed(1000 + rank)           # each rank its own fixed data
@@ -142,7 +149,15 @@ def _runner(config, mode, setup, device, rank, world):
         cap = {"ddp_bucket_small": 1, "ddp_bucket_default": None,
                "ddp_bucket_huge": sum(p.numel() * 4 for p in params) // 2**20 + 2}.get(config)
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cap)
-        if config == "ddp_fp16_hook":
+        if trace is not None:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            def traced(pg, bucket):
+                buf, t0 = bucket.buffer(), time.perf_counter()
+                return default_hooks.allreduce_hook(pg, bucket).then(lambda fut: trace["comm"].append(
+                    (buf.numel() * buf.element_size(), t0, time.perf_counter())) or fut.value())
+            net.register_comm_hook(None, traced)
+        elif config == "ddp_fp16_hook":
             net.register_comm_hook(None, hooks.fp16_compress_hook)
         elif config == "ddp_bf16_hook":
             net.register_comm_hook(None, hooks.bf16_compress_hook)
@@ -218,6 +233,24 @@ def _measure(mode, setup, device, rank, world, steps, rounds=ROUNDS):
     return {c: (summarize(samples[c]).median_s, *runners[c][2]()) for c in CONFIGS}
 
 
+def _trace(config, setup, device, rank, world, steps: int = 3) -> dict:
+    """A bucket configuration run untimed (emulated) with a recording all-reduce hook: its last step
+    (DDP rebuilds its buckets after the first) as counts. ``launched_in_backward``: buckets whose
+    all-reduce started before the last layer's backward ended, i.e. while there was compute to hide
+    behind; the bucket holding the first layer's gradients never can. ``bytes``: what the buckets held."""
+    trace = {"compute": [], "comm": []}
+    step, _, _ = _runner(config, "emulated", setup, device, rank, world, trace=trace)
+    for _ in range(steps):
+        trace["compute"].clear()
+        trace["comm"].clear()
+        step()
+    end = trace["compute"][-1]
+    return {"buckets": len(trace["comm"]), "bytes": sum(b for b, _, _ in trace["comm"]),
+            "launched_in_backward": sum(t0 < end for _, t0, _ in trace["comm"]),
+            "comm_s": sum(t1 - t0 for _, t0, t1 in trace["comm"]),
+            "comm_s_in_backward": sum(max(0.0, min(t1, end) - t0) for _, t0, t1 in trace["comm"])}
+
+
 def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
     """One rank: every configuration (``_measure``); rank 0 writes the record and returns it."""
     import datetime
@@ -239,6 +272,8 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
             every = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
             dist.all_gather(every, torch.tensor([med], dtype=torch.float64, device=device))
             results[config] = (max(float(t) for t in every), loss, updates, ratio)
+        traces = {c: _trace(c, setup, device, de["rank"], world) for c in CONFIGS
+                  if mode == "emulated" and c.startswith("ddp_bucket")}
         gc.collect()
         record = None
         if de["rank"] == 0:
@@ -263,7 +298,7 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
                    "params": n_params, "grad_bytes": n_params * 4, "device_kind": device.type,
                    "warmup_steps": WARMUP, "steps": steps, "omp_num_threads": torch.get_num_threads()}
             if mode == "emulated":
-                res.update(forward_ms_per_layer=fwd_ms, backward_ms_per_layer=bwd_ms)
+                res.update(forward_ms_per_layer=fwd_ms, backward_ms_per_layer=bwd_ms, bucket_trace=traces)
             params = {"layers": layers, "hidden": hidden, "batch": batch, "lr": lr, "quick": quick,
                       "powersgd_rank": POWERSGD_RANK, "start_powerSGD_iter": POWERSGD_START,
                       "accumulation_k": ACCUM_K, "rounds": ROUNDS,

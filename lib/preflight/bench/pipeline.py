@@ -319,6 +319,17 @@ def run_partition(boundaries, p: int = 2, schedule: str = "1f1b", m: int = 4, qu
     return _launch(p, schedule, m, partition=boundaries, quick=quick, timeout=timeout, out=out)["results"]
 
 
+def runs_frame(records: list[dict]):
+    """One row per pipeline run (``pipeline`` records, e.g. from your cluster under torchrun): the
+    layout, the measured idle share beside the formula's, the step time and throughput."""
+    import pandas as pd
+
+    cols = ("world_size", "schedule", "microbatches", "chunks", "model", "measured_bubble", "formula", "error",
+            "step_s", "throughput", "device_kind", "oversubscribed")
+    return pd.DataFrame([{k: r["results"].get(k) for k in cols} | {"record": Path(r.get("_path", "?")).name}
+                         for r in records])
+
+
 def measure_bubbles(quick: bool = False) -> dict:
     """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8;
     quick: p=2, m=1 and 4), one torchrun each; a row per run with the schedule requested."""

@@ -9,6 +9,7 @@ import pandas as pd
 from preflight.findings import FindingSink, judge
 from preflight.hardware import CHIPS
 from preflight.models import memory as M
+from preflight.numfmt import gib
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -47,10 +48,6 @@ def capacity_bytes(profile: Profile, device=None) -> tuple[float | None, str]:
     return None, "unknown (gpu: auto without a device)"
 
 
-def _gib(b: float) -> str:
-    return f"{b / GiB:,.1f} GiB"
-
-
 def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
     """The plan's memory per GPU, its terms, the verdict against the GPU's memory and the cheapest
     change that fits. Returns {"terms", "cheapest", "capacity", "plan"} (terms None if not plannable)."""
@@ -76,21 +73,21 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
                   + (", sequence parallel" if t.sequence_parallel else ""))
     sink.add(id="baseline/memory_per_gpu", value=total, unit="bytes", verdict="info",
              threshold="recorded for reference (the sum of the terms)",
-             message=(f"{plan_words}: {_gib(total)} per GPU{where}: weights {_gib(by['weights'])}, gradients "
-                      f"{_gib(by['gradients'])}, optimizer {_gib(by['optimizer'])}, activations {_gib(act)}, "
-                      f"framework allowance {_gib(by['framework'])}."),
+             message=(f"{plan_words}: {gib(total)} per GPU{where}: weights {gib(by['weights'])}, gradients "
+                      f"{gib(by['gradients'])}, optimizer {gib(by['optimizer'])}, activations {gib(act)}, "
+                      f"framework allowance {gib(by['framework'])}."),
              fix="See baseline/memory_fits.", source=PROFILE_SOURCE)
     for fid, key, words in (("memory_weights", "weights", "16-bit weights (2 bytes per parameter on this GPU)"),
                             ("memory_grads", "gradients", "16-bit gradients"),
                             ("memory_optimizer", "optimizer", "fp32 master weights, Adam momentum and variance "
                                                               "(12 bytes per parameter)")):
         sink.add(id=f"baseline/{fid}", value=by[key], unit="bytes", verdict="info", threshold="recorded for reference",
-                 message=f"{words}: {_gib(by[key])} per GPU (ZeRO-{t.zero_stage} over dp={profile.dp}).",
+                 message=f"{words}: {gib(by[key])} per GPU (ZeRO-{t.zero_stage} over dp={profile.dp}).",
                  fix="ZeRO shards optimizer state (1), gradients (2) and weights (3) over data parallelism.",
                  source=PROFILE_SOURCE)
     sink.add(id="baseline/memory_activations", value=act, unit="bytes", verdict="info",
              threshold="recorded for reference",
-             message=(f"Activations kept for the backward pass: {_gib(act)} per GPU "
+             message=(f"Activations kept for the backward pass: {gib(act)} per GPU "
                       f"({terms.loc[terms['term'] == 'activations', 'formula'].iloc[0]})."),
              fix="Selective recompute (or FlashAttention) removes the s^2 attention terms; sequence parallelism "
                  "splits the rest over tp.", source=PROFILE_SOURCE)
@@ -98,7 +95,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
     cheapest = None
     if cap is None:
         sink.add(id="baseline/memory_fits", value=None, unit="ratio", verdict="info", threshold="not judged",
-                 message=f"The plan needs {_gib(total)} per GPU; the GPU's memory is {cap_src}.",
+                 message=f"The plan needs {gib(total)} per GPU; the GPU's memory is {cap_src}.",
                  fix="Set cluster.gpu or cluster.gpu_memory_GB.", source=PROFILE_SOURCE)
         return {"terms": terms, "cheapest": None, "capacity": None, "plan": plan}
     ratio = total / cap
@@ -109,12 +106,12 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
         fix = "Fits; keep 10 % free for allocator spikes and longer batches."
     elif len(fix_row):
         r = fix_row.iloc[0]
-        fix = f"Cheapest change that fits: {r['change']} ({_gib(r['plan_bytes'])} per GPU; cost: {r['cost']})."
+        fix = f"Cheapest change that fits: {r['change']} ({gib(r['plan_bytes'])} per GPU; cost: {r['cost']})."
     else:
         fix = "No single or paired change fits: a larger pipeline (pp) with ZeRO-3 and full recompute, or larger GPUs."
     sink.add(id="baseline/memory_fits", value=ratio, unit="ratio", verdict=v,
              threshold="plan / GPU memory: " + words,
-             message=(f"The plan needs {_gib(total)} per GPU of {_gib(cap)} ({cap_src}): {ratio:.0%}"
+             message=(f"The plan needs {gib(total)} per GPU of {gib(cap)} ({cap_src}): {ratio:.0%}"
                       + (" - out of memory at the first step." if ratio > FIT_FAIL else ".")),
              fix=fix, source=PROFILE_SOURCE)
     return {"terms": terms, "cheapest": cheapest, "capacity": cap, "plan": plan}
@@ -131,8 +128,8 @@ def add_validation_finding(sink: FindingSink, measured, why_missing: str = "plan
     err = abs(act["error"])
     states = "; ".join(f"{s['term']} {s['error']:+.1%}" for s in r["states"])
     peak = r.get("peak") or {}
-    peak_words = (f" Whole step on the GPU: measured peak {_gib(peak['measured_peak_bytes'])} vs planned "
-                  f"{_gib(peak['predicted_bytes'])} ({peak['error']:+.1%})." if peak.get("measured") else
+    peak_words = (f" Whole step on the GPU: measured peak {gib(peak['measured_peak_bytes'])} vs planned "
+                  f"{gib(peak['predicted_bytes'])} ({peak['error']:+.1%})." if peak.get("measured") else
                   " The whole-step peak needs a GPU (torch.cuda.max_memory_allocated).")
     measured_layer = max(act["per_layer_measured"]) if isinstance(act["per_layer_measured"], list) else act["per_layer_measured"]
     v, words = judge(err, warn=ERROR_WARN, fail=ERROR_FAIL, higher_is_better=False, fmt="{:.0%}")

@@ -5,6 +5,7 @@ import ipywidgets as W
 
 from preflight import charts
 from preflight.models import scaling
+from preflight.numfmt import gib
 from preflight.widgets.core import explorer, readout
 
 
@@ -86,12 +87,10 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
         by = dict(zip(terms["term"], terms["bytes"]))
         total = float(terms["bytes"].sum())
         act = sum(v for k, v in by.items() if k.startswith("activations"))
-        gib = 2 ** 30
         values = {
-            "total": ("memory per GPU", f"{total / gib:,.1f} GiB"),
-            "states": ("weights + gradients + optimizer",
-                       f"{(by['weights'] + by['gradients'] + by['optimizer']) / gib:,.1f} GiB"),
-            "activations": ("activations", f"{act / gib:,.1f} GiB"),
+            "total": ("memory per GPU", gib(total)),
+            "states": ("weights + gradients + optimizer", gib(by["weights"] + by["gradients"] + by["optimizer"])),
+            "activations": ("activations", gib(act)),
             "dp": ("data parallel dp", f"{new.dp}"),
         }
         if capacity_bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipywidgets as W
 
 from preflight import charts
+from preflight.numfmt import gb
 from preflight.widgets.core import _log_slider, explorer, readout
 
 
@@ -39,7 +40,7 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
         d, bw = 2 ** log2_dp, LINK_TIERS_GBps[tier]
         p = plan(params, d, dtype, tier, compute_s)
         text = readout({
-            "bytes": ("bytes per rank per step", f"{p.bytes_per_rank / 1e9:.3g} GB"),
+            "bytes": ("bytes per rank per step", gb(p.bytes_per_rank)),
             "link": ("link of the flat ring", p.link_why),
             "flat_s": ("flat ring time", f"{p.flat_s:.3g} s"),
             "hier_s": ((f"hierarchical ({p.dp_per_node} per node over {intra_GBps:g} GB/s, then across nodes)"

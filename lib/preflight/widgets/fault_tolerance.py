@@ -6,50 +6,16 @@ from collections.abc import Callable
 import ipywidgets as W
 
 from preflight import charts
+from preflight.numfmt import duration, num, pct, sci
 from preflight.widgets.core import explorer, readout
 
 _YEAR_S = 365.25 * 86400
 _MANTISSAS = (1, 1.1, 1.2, 1.3, 1.5, 1.6, 1.8, 2, 2.2, 2.5, 2.8, 3, 3.3, 3.6, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8, 9)
 
 
-def _num(x: float) -> str:
-    """``1,875``, ``78.1``, ``0.426``: three significant digits below 100, whole numbers with commas
-    above, short scientific notation only below 0.001."""
-    if x != x:
-        return "—"
-    if x == float("inf"):
-        return "unbounded"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 else _sci(x)
-
-
-def _sci(p: float, digits: int = 2) -> str:
-    """``1.0e-4``, ``3.78e-3``: short scientific notation (no padded exponent, no ``+``)."""
-    if p == 0:
-        return "0"
-    m, e = f"{p:.{digits - 1}e}".split("e")
-    if digits > 2:
-        m = m.rstrip("0")
-        m = m + "0" if m.endswith(".") else m
-    return f"{m}e{int(e)}"
-
-
-def _duration(seconds: float) -> str:
-    """``45 s``, ``53.7 min``, ``7.91 h``, ``78.1 d``, ``2,740 years``: the unit that fits."""
-    if seconds != seconds:
-        return "—"
-    if seconds == float("inf"):
-        return "unbounded"
-    for limit, div, unit in ((120, 1, "s"), (7200, 60, "min"), (172801, 3600, "h"), (2 * _YEAR_S, 86400, "d")):
-        if seconds < limit:                                   # up to 48 h in hours: walltimes read so
-            return f"{_num(seconds / div)} {unit}"
-    return f"{_num(seconds / _YEAR_S)} years"
-
-
 def _interval(seconds: float) -> str:
     """``7.91 h (28,460 s)``: readable, then the seconds a configuration file wants."""
-    text = _duration(seconds)
+    text = duration(seconds)
     return text + (f" ({seconds:,.0f} s)" if 120 <= seconds < float("inf") else "")
 
 
@@ -68,22 +34,8 @@ def _hours(h: float) -> str:
     if h == float("inf"):
         return "unbounded (no failures)"
     if h < 1:
-        return _duration(h * 3600)
-    return f"{_num(h)} h" + (f" ({_duration(h * 3600)})" if h >= 48 else "")
-
-
-def _pct(x: float) -> str:
-    """A share or probability in percent, three significant digits: ``0.426%``, ``9.52%``, ``<0.001%``,
-    ``>99.9%``."""
-    if x != x:
-        return "—"
-    if x <= 0:
-        return "0%"
-    if x >= 1:
-        return "100%"
-    if x > 0.999:
-        return ">99.9%"
-    return "<0.001%" if x < 1e-5 else f"{100 * x:#.3g}".rstrip(".") + "%"      # 0.270%: digits kept
+        return duration(h * 3600)
+    return f"{num(h)} h" + (f" ({duration(h * 3600)})" if h >= 48 else "")
 
 
 def _points(x: float) -> str:
@@ -153,7 +105,7 @@ def failure_explorer(p_node_day: float, nodes: int, days: int) -> W.VBox:
     d0 = max(1, int(round(days)))
     controls = {"p": _choice_slider(p0 if p0 == 0 else min(max(p0, 1e-7), 0.9), 1e-6, 1e-1,
                                     "failure prob. per node-day",
-                                    lambda v: _sci(v, 2) if v == float(f"{v:.2g}") else _sci(v, 3)),
+                                    lambda v: sci(v, 2) if v == float(f"{v:.2g}") else sci(v, 3)),
                 "nodes": _choice_slider(max(1, int(round(nodes))), 1, 100_000, "nodes", _count_label, integer=True),
                 "days": W.IntSlider(value=d0, min=1, max=max(365, d0), description="run length (days)",
                                     style={"description_width": "170px"}, layout=W.Layout(width="520px"))}
@@ -164,13 +116,13 @@ def failure_explorer(p_node_day: float, nodes: int, days: int) -> W.VBox:
         p_day, p_run = F.failure_prob(p, n), F.failure_prob(p, n, days)
         text = readout({
             "p": ("per-node daily failure probability",
-                  (_sci(p, 3) + (f" ({_one_in(p)})" if p > 0 else "")) if p < 0.01 else _pct(p)),
+                  (sci(p, 3) + (f" ({_one_in(p)})" if p > 0 else "")) if p < 0.01 else pct(p)),
             "nodes": ("nodes", f"{n:,}"),
             "p_day": ("P(at least one node failure per day)",
-                      _pct(p_day) + (f" ({_one_in(p_day, ' days')})" if 0 < p_day < 0.01 else "")),
-            "p_run": (f"P(at least one failure in {_plural(days, 'day')})", _pct(p_run)),
+                      pct(p_day) + (f" ({_one_in(p_day, ' days')})" if 0 < p_day < 0.01 else "")),
+            "p_run": (f"P(at least one failure in {_plural(days, 'day')})", pct(p_run)),
             "mtbf_h": ("system MTBF", _hours(mtbf)),
-            "failures_run": ("expected failures per run", _num(F.run_failures(p, n, days))),
+            "failures_run": ("expected failures per run", num(F.run_failures(p, n, days))),
         })
         return text, charts.failure_prob_chart(p, n, max(days, 30))
 
@@ -208,21 +160,21 @@ def interval_explorer(C: float, R: float, M_h: float, plan_interval_s: float | N
         w_young, w_daly = F.daly_waste(young, C, R, M), F.daly_waste(daly, C, R, M)
         fo = F.first_order_waste(young, C, R, M)
         if stuck:
-            why += f" ({_pct(w_daly)} of the time lost even at the best interval)"
+            why += f" ({pct(w_daly)} of the time lost even at the best interval)"
         plan = {}
         if plan_interval_s:
             plan = {"plan_s": ("plan's interval", _interval(plan_interval_s)),
                     "waste_plan": ("waste at the plan's interval (Daly model)",
-                                   _pct(F.daly_waste(plan_interval_s, C, R, M)))}
+                                   pct(F.daly_waste(plan_interval_s, C, R, M)))}
         wall = {}
         if walltime_s:
             if stuck:
-                words = _duration(walltime_s)
+                words = duration(walltime_s)
             elif daly > walltime_s:
-                words = (f"the optimum ({_duration(daly)}) is longer than the {_duration(walltime_s)} walltime: "
+                words = (f"the optimum ({duration(daly)}) is longer than the {duration(walltime_s)} walltime: "
                          "checkpoint at the walltime signal instead")
             else:
-                words = (f"{_duration(walltime_s)}: {walltime_s / daly:.3g} checkpoints per allocation at "
+                words = (f"{duration(walltime_s)}: {walltime_s / daly:.3g} checkpoints per allocation at "
                          "Daly's interval")
             if plan_interval_s and plan_interval_s > walltime_s:
                 words += "; the plan's interval is longer than the walltime too"
@@ -240,25 +192,25 @@ def interval_explorer(C: float, R: float, M_h: float, plan_interval_s: float | N
                           f"— (the simulation drew fewer than {S.MIN_FAILURES} failures near the optimum: "
                           "failures are too rare for it; the formulas hold)" if blind else
                           f"{_span(lo, hi)} (" + ("flat: " if flat else "") + "within the simulation's error)"),
-            "waste_young": ("waste at Young (Daly model)", _pct(w_young)),
-            "waste_daly": ("waste at Daly (Daly model)", _pct(w_daly)),
+            "waste_young": ("waste at Young (Daly model)", pct(w_young)),
+            "waste_daly": ("waste at Daly (Daly model)", pct(w_daly)),
             "waste_sim": ("waste at the simulated optimum (simulation, 95 % interval)",
-                          _pct(sim["waste"]) + ("" if stuck or sim["se"] == 0 else
-                                                f" ({_pct(max(sim['lo'], 0.0))} – {_pct(min(sim['hi'], 1.0))}; "
-                                                f"at Young, same simulation: {_pct(sim_young['waste'])})")),
+                          pct(sim["waste"]) + ("" if stuck or sim["se"] == 0 else
+                                                f" ({pct(max(sim['lo'], 0.0))} – {pct(min(sim['hi'], 1.0))}; "
+                                                f"at Young, same simulation: {pct(sim_young['waste'])})")),
             "waste_first_order": ("first-order waste at Young (C/τ + (τ+C)/2M + R/M)",
-                                  "100% (capped: the formula exceeds 100 %, invalid here)" if fo >= 1 else _pct(fo)),
+                                  "100% (capped: the formula exceeds 100 %, invalid here)" if fo >= 1 else pct(fo)),
             "first_order_error": ("first-order formula minus Daly model, at Young",
                                   "— (first order invalid: above 100 %)" if fo >= 1
                                   else _points(fo - w_young)),
             "restart_share": ("restart share of wall time (1 − e^(−R/M))",
-                              f"{_pct(F.restart_share(R, M))} ({_duration(R)} per failure, a failure every "
-                              f"{_duration(M)})"),
+                              f"{pct(F.restart_share(R, M))} ({duration(R)} per failure, a failure every "
+                              f"{duration(M)})"),
             **plan,
             **wall,
         })
         marks = {"Young": young, "Daly": daly, **({"plan": plan_interval_s} if plan_interval_s else {})}
-        chart = charts.waste_curve_chart(curve, marks, f"Checkpoint waste: C {_duration(C)}, R {_duration(R)}, "
+        chart = charts.waste_curve_chart(curve, marks, f"Checkpoint waste: C {duration(C)}, R {duration(R)}, "
                                                        f"MTBF {_hours(M_h)}",
                                          sim_range=None if stuck or blind else (lo, hi), walltime_s=walltime_s)
         return text, chart
