@@ -14,16 +14,32 @@ from preflight.bench import reference as ref
 from preflight.records import load_records, make_record, save_record
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CPU_S = {}          # CPU seconds each fixture's measurement used (test_runtimes)
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its reaped children (DataLoader workers)."""
+    import resource
+
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
+def _measured(name, **kw):
+    c0 = _cpu_s()
+    r = bl.measure_baseline("cpu", **kw)
+    CPU_S[name] = _cpu_s() - c0
+    return r
 
 
 @pytest.fixture(scope="module")
 def quick():
-    return bl.measure_baseline("cpu", quick=True)
+    return _measured("quick", quick=True)
 
 
 @pytest.fixture(scope="module")
 def full():
-    return bl.measure_baseline("cpu")
+    return _measured("full")
 
 
 # ---------------------------------------------------------------------------- categorize (pure)
@@ -210,9 +226,12 @@ def test_nvml_absent_on_cpu(quick):
 
 
 def test_runtimes(quick, full):
-    # The brief asks for < ~5 s (quick) and < 40 s (full) on 2 cores; the guard is looser
-    # because the machine may be shared with other work while the tests run.
-    assert quick["elapsed_s"] < 20 and full["elapsed_s"] < 60
+    # The brief asks for < ~5 s (quick) and < 40 s (full) on 2 cores. Wall time is no guard on a shared
+    # machine: with 2 CPU hogs on the cores quick took 24-30 s and full 160 s. The work done is: CPU
+    # seconds (this process and its loader workers), which a second job on the cores barely changes
+    # (quick: 3.1 s, 3.9 s with the hogs). The bounds are the brief's wall-clock budgets x 2 cores.
+    assert 0 < quick["elapsed_s"] and 0 < full["elapsed_s"]
+    assert CPU_S["quick"] < 10 and CPU_S["full"] < 80, CPU_S
 
 
 def test_record_round_trip_and_cli(tmp_path, monkeypatch, quick, capsys):

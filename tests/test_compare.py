@@ -115,6 +115,22 @@ def test_rows_changes_and_marks():
     assert compare.fmt_delta(0.0, "x") == "0" and compare.fmt_rel(0.25) == "+25.0%"
 
 
+def test_old_id_prefixes_match_the_current_ones():
+    """An audit with the ids of before the prefix rename (comm/, data/, ...; tests/data/findings-v0-ids.json)
+    pairs with the same audit under today's ids (tests/test_registry.py: against a fresh audit)."""
+    from conftest import REPO
+    from preflight.chapters.registry import current_id
+
+    old = load_findings(REPO / "tests" / "data" / "findings-v0-ids.json")
+    new = old | {"findings": [f | {"id": current_id(f["id"])} for f in old["findings"]]}
+    assert any(f["id"].startswith("comm/") for f in old["findings"])
+    rows, only_old, only_new = compare.match(old, new)
+    assert only_old == only_new == [] and len(rows) == len(old["findings"])
+    assert all(r.mark == "same" and r.old["id"] == r.new["id"] == r.id for r in rows)
+    assert "communication/allreduce_s" in {r.id for r in rows}
+    assert "0 only in OLD, 0 only in NEW" in compare.text_report(old, new)
+
+
 def test_compare_page_escapes_user_strings(tmp_path, audits):
     old, new = audits
     a, b = load_findings(old), load_findings(new)

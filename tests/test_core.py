@@ -39,6 +39,25 @@ def test_sink_rewrites_file_and_replaces_ids(tmp_path):
     got = read_findings(path)
     assert [(f.id, f.value) for f in got] == [("baseline/b", 2.0), ("baseline/a", 3.0)]
     assert json.loads(path.read_text())["chapter"] == "baseline"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]       # written atomically, no temp left
+
+
+def test_sink_measured_gives_the_same_row_measured_or_not():
+    from preflight.chapter import Measured
+
+    sink = FindingSink(None, "baseline")
+    build = lambda r: dict(value=r["x"], verdict="pass", threshold="pass >= 1", message=f"x = {r['x']}", fix="keep")
+    missing = sink.measured("baseline/x", None, "x", build, why_missing="plan-only mode", missing_fix="measure it")
+    assert (missing.value, missing.verdict, missing.unit, missing.source) == (None, "info", "x", "not measured")
+    assert (missing.threshold, missing.fix, missing.message) == ("recorded for reference", "measure it",
+                                                                 "not measured: plan-only mode")
+    got = sink.measured("baseline/x", Measured({"x": 2}, "measured here"), "x", build,
+                        why_missing="plan-only mode", missing_fix="measure it")
+    assert (got.value, got.verdict, got.message, got.fix, got.source) == (2.0, "pass", "x = 2", "keep", "measured here")
+    assert [f.id for f in sink.findings] == ["baseline/x"]                 # the measured one replaced it
+    own = sink.measured("baseline/y", Measured({"x": 3}, "rec"), "x", lambda r: dict(build(r), source="rec; cpu"),
+                        why_missing="", missing_fix="")
+    assert own.source == "rec; cpu"
 
 
 def test_record_round_trip(tmp_path):
@@ -63,8 +82,11 @@ def test_time_fn_measures_known_durations():
     calls = []
     time_fn(lambda: calls.append(1), warmup=3, repeats=4)
     assert len(calls) == 7          # warm-up calls are made but not timed
+    # kept sampling until min_time_s was covered, and stopped then: asserted on the samples, not on how
+    # many 5 ms sleeps fit in 50 ms (a loaded machine stretches them to 7-12 ms: 4 to 7 of them)
     t = time_fn(lambda: time.sleep(0.005), warmup=0, repeats=2, min_time_s=0.05)
-    assert t.repeats >= 9           # kept sampling until min_time_s was covered
+    assert t.repeats > 2 and sum(t.samples_s) >= 0.05 > sum(t.samples_s[:-1])
+    assert len(t.samples_s) == t.repeats and min(t.samples_s) >= 0.005        # a sleep never ends early
 
 
 def test_summarize_median_resists_outlier():

@@ -1,6 +1,7 @@
 """Chapter 2 measurements on a real small dataset made here: directions and modest bounds, never
 hard-coded figures (the sizes are small, the machine is shared)."""
 import json
+import statistics
 
 import pytest
 
@@ -25,7 +26,9 @@ def test_prepare_writes_both_layouts_and_reuses_them(dataset, tmp_path):
 
 
 def test_small_files_are_slower_than_shards(dataset):
-    st = datapipe.measure_storage(dataset["small"], dataset["shards"], FILES, repeats=3)
+    # Ratios of two timings, margins measured with 2 CPU hogs on the 2 cores (medians of 5 repeats): cold
+    # reads 4.2-12.9x (bound 1.5), listing 8.3-28x (bound 5: 400 stats against ~30), a stat ~5-15 us.
+    st = datapipe.measure_storage(dataset["small"], dataset["shards"], FILES, repeats=5)
     sf, sh = st["small_files"], st["shards"]
     assert sh["bytes"] > sf["bytes"]              # tar headers add bytes
     assert sf["files"] == FILES and sh["files"] == dataset["shard_count"]
@@ -59,18 +62,27 @@ def test_transform_gives_cropped_normalised_image(dataset):
 
 def test_tuner_workers_beat_in_process_loading(dataset):
     """An emulated device at 8 ms per step of 16 samples: loading in the loop (num_workers=0) idles
-    it every step; one worker preparing the next batches while it 'computes' does not."""
+    it every step; one worker preparing the next batches while it 'computes' idles it less.
+
+    With 2 CPU hogs on the 2 cores the worker has no spare core, and single 10-step sweeps differed by
+    0.005 (the two within best_setting's 1 point: it picked 0 workers); 30-step sweeps by 0.03-0.38. So
+    3 sweeps of 30 steps, each measuring both settings back to back (interleaved A/B), and the median
+    of the paired differences; which setting best_setting then picks is a timing call at such margins
+    (its rule is tested in test_grid_and_best_setting), so only that it applied the rule is asserted."""
     settings = [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False},
                 {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False}]
-    res = loadtune.sweep(dataset["shards"], "cpu", 16, 0.008, settings, steps=10)
-    rows = {r["num_workers"]: r for r in res["rows"]}
-    assert rows[0]["idle_share"] > rows[1]["idle_share"]
-    assert rows[0]["idle_share"] > 0.05          # 16 decodes per step in the loop are not free
-    assert res["best"]["num_workers"] == 1
-    assert res["consumer"].startswith("emulated")
-    for r in res["rows"]:
-        assert r["headroom"] == pytest.approx(r["supply_samples_per_s"] / r["consume_samples_per_s"])
-        assert r["queue_depth_median"] is not None
+    runs = [loadtune.sweep(dataset["shards"], "cpu", 16, 0.008, settings, steps=30) for _ in range(3)]
+    idle = [{r["num_workers"]: r["idle_share"] for r in res["rows"]} for res in runs]
+    assert statistics.median(i[0] - i[1] for i in idle) > 0, idle
+    for res, i in zip(runs, idle, strict=True):
+        # 16 decodes per step in the loop are not free: >= 0.38 of the step even idle (5 ms against 8 ms
+        # of 'compute'); load only makes the decodes slower
+        assert i[0] > 0.05
+        assert res["best"] == loadtune.best_setting(res["rows"])
+        assert res["consumer"].startswith("emulated")
+        for r in res["rows"]:
+            assert r["headroom"] == pytest.approx(r["supply_samples_per_s"] / r["consume_samples_per_s"])
+            assert r["queue_depth_median"] is not None
 
 
 def test_grid_and_best_setting():
@@ -93,6 +105,7 @@ def test_instrumentation_overhead_is_small(dataset):
     o = loadtune.instrumentation_overhead(dataset["shards"], "cpu", 16, 0.005,
                                           {"num_workers": 1, "prefetch_factor": 2, "pin_memory": False},
                                           steps=8, repeats=2)
+    # the monitor's bookkeeping per step against a 5 ms step: 0.03-0.12 % measured, under 2 CPU hogs too
     assert 0 < o["bookkeeping_share_of_step"] < 0.01
     assert o["with_s"] > 0 and o["without_s"] > 0
 

@@ -124,19 +124,32 @@ def test_emulated_overlap_shows(emulated):
     assert list(rows) == list(overlap.CONFIGS)
     step = {c: r["step_s"] for c, r in rows.items()}
     exposed = {c: r["exposed_comm_s"] for c, r in rows.items()}
-    # the emulated layers sleep: at least their waits per step
+    # Bounds a loaded machine keeps: the emulated layers sleep (a sleep never ends early), so a step is at
+    # least their waits; an 8 MB all-reduce after backward costs > 2 ms (15-19 ms measured, idle or not).
     waits = rec["params"]["layers"] * (res["forward_ms_per_layer"] + res["backward_ms_per_layer"]) / 1e3
     assert step["compute_only"] >= waits
     comm = step["manual_allreduce"] - step["compute_only"]
     assert comm > 2e-3, "an 8 MB all-reduce after backward must cost something"
-    margin = max(2e-3, 0.25 * comm)
-    # buckets all-reduced during backward: small buckets hide most of it; one bucket hides nothing
-    assert exposed["ddp_bucket_small"] < exposed["ddp_bucket_huge"]
-    assert step["ddp_bucket_small"] < step["manual_allreduce"]
+    # Where the communication goes is asserted on the mechanism, from one traced (untimed) step of each
+    # bucket configuration, not on orderings of step times: small < huge buckets held on an idle machine
+    # but not with 2 CPU hogs on the 2 cores (exposed 12.6 vs 12.9 ms: gloo's thread then waits for a core).
+    trace, layers = res["bucket_trace"], rec["params"]["layers"]
+    assert set(trace) == {"ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge"}
+    for c, t in trace.items():             # every bucket configuration moves the whole fp32 gradient once
+        assert t["bytes"] == res["grad_bytes"] == rows[c]["bytes_per_step_per_rank"], c
+    # 1 MB buckets: each layer's 1 MB weight is its own bucket, all-reduced as soon as its gradient exists,
+    # while the layers below still run backward: every one but the first layer's starts inside backward
+    small = trace["ddp_bucket_small"]
+    assert small["buckets"] >= layers and small["launched_in_backward"] >= layers - 1, small
+    assert 0 < small["comm_s_in_backward"] <= small["comm_s"]
+    # one bucket larger than the model: it needs the first layer's gradients, so it starts after backward
+    huge = trace["ddp_bucket_huge"]
+    assert huge["buckets"] == 1 and huge["launched_in_backward"] == 0 and huge["comm_s_in_backward"] == 0, huge
     # DDP's default (25 MiB, 1 MiB first bucket) is about one bucket for this 8 MB model
-    assert step["ddp_bucket_default"] <= step["ddp_bucket_huge"] + margin
-    assert step["ddp_bucket_default"] <= step["manual_allreduce"] + margin
-    # a quarter of the all-reduces per micro-batch
+    default = trace["ddp_bucket_default"]
+    assert default["buckets"] <= 2 and default["launched_in_backward"] <= 1, default
+    # no_sync: a quarter of the all-reduces per micro-batch. A timing ordering kept because its margin
+    # survives load: exposed 3.3-3.9 ms vs 12.9-17.9 ms with one bucket, idle and under 2 CPU hogs (> 3x).
     assert exposed["ddp_no_sync_k4"] < exposed["ddp_bucket_huge"]
     assert rows["ddp_no_sync_k4"]["updates"] < rows["ddp_bucket_default"]["updates"]
     for c in overlap.CONFIGS:

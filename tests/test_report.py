@@ -9,6 +9,7 @@ import pytest
 
 from conftest import EXAMPLE, run_cli
 from preflight import report
+from preflight.chapters.registry import CHAPTERS
 from preflight.report import FindingsError, external_refs, load_findings, validate_findings
 
 
@@ -39,7 +40,7 @@ def test_real_plan_only_findings_validate(plan):
     s = load_findings(plan)                          # the folder ...
     assert s == load_findings(plan / "findings.json")  # ... or the file
     assert s["schema"] == "preflight-findings/1" and s["mode"] == "plan-only"
-    assert len(s["chapters"]) == 5 and len(s["findings"]) > 40
+    assert len(s["chapters"]) == len(CHAPTERS) and len(s["findings"]) > 40
     assert any(f["value"] is None for f in s["findings"])    # null is a valid value
 
 
@@ -132,7 +133,7 @@ def test_index_reads_like_an_audit(plan, data):
     # the verdict table: one row per chapter with the deciding finding, its number, threshold, fix
     verdicts = html[html.index("<table class='verdicts'>"):]
     verdicts = verdicts[:verdicts.index("</table>")]
-    assert verdicts.count("<tr>") == 1 + 5
+    assert verdicts.count("<tr>") == 1 + len(CHAPTERS)
     by_ch = {}
     for f in data["findings"]:
         by_ch.setdefault(f["chapter"], []).append(f)
@@ -145,7 +146,7 @@ def test_index_reads_like_an_audit(plan, data):
     # the example's chapter 1 fails on a number, not on an unmeasured finding
     assert "baseline/<wbr>amdahl_<wbr>max_<wbr>speedup" in verdicts
     # chapter sections (each starting a printed page), every finding addressable, charts inline
-    assert html.count("<section class='chapter'") == 5
+    assert html.count("<section class='chapter'") == len(CHAPTERS)
     for f in data["findings"]:
         assert f"<tr id='{f['id']}'>" in html
     assert html.count("<svg") >= 3
@@ -211,7 +212,7 @@ def test_a_chapter_page_that_cannot_render_does_not_stop_the_report(tmp_path, pl
     report.write_report(None, out)
     assert (out / "index.html").is_file()
     pages = sorted(out.glob("0[1-5]_*.html"))
-    assert len(pages) == 5
+    assert len(pages) == len(CHAPTERS)
     html = pages[0].read_text()
     assert "could not be rendered (ValueError: No template sub-directory" in html
     assert "&lt;in&gt;" in html and "href='notebooks/01_baseline.ipynb'" in html

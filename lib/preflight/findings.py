@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from preflight.fsutil import atomic_write_text
 
@@ -101,6 +101,25 @@ class FindingSink:
         """A finding that could not be measured here (plan-only, no GPU...): value None, verdict info."""
         return self.add(id=fid, value=None, unit=unit, verdict="info", threshold=threshold,
                         message=f"not measured: {why}", fix=fix, source="not measured")
+
+    def measured(self, fid: str, measured, unit: str, build: Callable[[dict], dict], *, why_missing: str,
+                 missing_fix: str, missing_threshold: str = "recorded for reference") -> Finding:
+        """The finding ``fid`` of a measurement that may be missing: one call for both cases.
+
+        ``measured`` is a ``preflight.chapter.Measured`` (``.results``, ``.source``) or None. None
+        (plan-only mode, no GPU, no record) gives :meth:`not_measured` with ``missing_threshold``,
+        ``missing_fix`` and ``why_missing``. Otherwise ``build(measured.results)`` returns the measured
+        finding's ``value``, ``verdict``, ``threshold``, ``message`` and ``fix`` (and ``source`` where
+        it is more than ``measured.source``); id and unit are the same in both cases, so a report
+        always has the row, measured or not::
+
+            sink.measured("load_balance/partition_gain", partition, "x", lambda r: dict(
+                value=r["measured_gain"], verdict="info", threshold="recorded for reference", ...),
+                why_missing=why_missing, missing_fix="Partition stages by profiled layer time.")
+        """
+        if measured is None:
+            return self.not_measured(fid, unit, missing_threshold, missing_fix, why_missing)
+        return self.add(**{"id": fid, "unit": unit, "source": measured.source, **build(measured.results)})
 
     def frame(self):
         import pandas as pd

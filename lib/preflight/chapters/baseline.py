@@ -100,76 +100,92 @@ def add_measured_findings(sink: FindingSink, base, fusion,
     mb_words = judge(None, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
     fix_mfu = "Profile one device first; fuse memory-bound ops (torch.compile), check the data wait, then scale."
     fix_mb = "Fuse elementwise/normalisation ops (torch.compile, fused kernels) before adding GPUs."
-    if base is None:
-        sink.not_measured("baseline/throughput", "tokens/s", "recorded for reference", "Run the audit in "
-                      "measure mode, or pass --results with a baseline record from your cluster.", why_missing)
-        sink.not_measured("baseline/peak_memory", "bytes", "below the device memory", fix_mfu, why_missing)
-        sink.not_measured("baseline/mfu", "fraction", mfu_words, fix_mfu, why_missing)
-        sink.not_measured("baseline/memory_bound_share", "fraction", mb_words, fix_mb, why_missing)
-    else:
-        r, src = base.results, base.source
-        th, cfg = r["throughput"], r["config"]
-        sink.add(id="baseline/throughput", value=th["tokens_per_s"], unit="tokens/s", verdict="info",
-                 threshold="recorded for reference (the business layer of the profile)",
-                 message=(f"Reference model ({r['params'] / 1e6:.1f} M params, batch {cfg['batch']} x "
-                          f"{cfg['seq_len']} tokens, {cfg['dtype']}): {th['samples_per_s']:.3g} samples/s, "
-                          f"median step {th['step_time_s'] * 1e3:.1f} ms (p10-p90 "
-                          f"{th['step_time_p10_s'] * 1e3:.1f}-{th['step_time_p90_s'] * 1e3:.1f} ms)."),
-                 fix="Keep this number: it is the single-device price every scaling stage is compared to.",
-                 source=src)
-        mem = r["memory"]
-        peak_b = mem["peak_GB"] * 1e9
-        dev = (base.record or {}).get("device") or {}      # the device the record was measured on
-        device_GB = dev.get("memory_GB") if dev.get("kind") == "cuda" else None
-        share = peak_b / (device_GB * 1e9) if device_GB and not mem["is_lower_bound"] else None
-        verdict, words = judge(share, warn=MEMORY_WARN, fail=MEMORY_FAIL, higher_is_better=False, fmt="{:.0%}")
-        sink.add(id="baseline/peak_memory", value=peak_b, unit="bytes", verdict=verdict,
-                 threshold=f"share of device memory: {words}",
-                 message=(f"Peak memory {mem['peak_GB']:.3g} GB" + (f" ({share:.0%} of the device)" if share else "")
-                          + f"; method: {mem['method']}."),
-                 fix="Peak memory bounds the micro-batch and the parallel plan: measure it before choosing tp/pp.",
-                 source=src)
-        m = r["mfu"]
-        on_cpu = r["device"] == "cpu"
-        v, words = judge(m["mfu_datasheet"], warn=MFU_WARN, fail=MFU_FAIL, fmt="{:.0%}")
-        if on_cpu:
-            v, words = "info", CPU_NOT_JUDGED + words
-        ceil = m["mfu_measured_ceiling"]
-        sink.add(id="baseline/mfu", value=m["mfu_datasheet"], unit="fraction", verdict=v, threshold=words,
-                 message=(f"{m['achieved_tflops']:.3g} TFLOP/s of model FLOPs; "
-                          + (f"MFU {m['mfu_datasheet']:.1%} of the {m['datasheet_peak_tflops']:g} TFLOP/s "
-                             f"datasheet peak" if m["mfu_datasheet"] is not None else m["peak_note"])
-                          + (f"; {ceil:.1%} of the measured matmul ceiling ({m['measured_ceiling_tflops']:.3g} "
-                             f"TFLOP/s)" if ceil is not None else "") + "."),
-                 fix=fix_mfu, source=src)
-        share_mb = r["memory_bound_share"]
-        v, words = judge(share_mb, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")
-        if on_cpu:
-            v, words = "info", CPU_NOT_JUDGED + words
-        if share_mb is None:           # the profiler ran but saw no op time (e.g. no CUPTI): not a pass
-            sink.not_measured("baseline/memory_bound_share", "fraction", mb_words, fix_mb,
-                              (r.get("profile") or {}).get("reason", "torch.profiler recorded no op time"))
-        else:
-            sink.add(id="baseline/memory_bound_share", value=share_mb, unit="fraction", verdict=v, threshold=words,
-                     message=("Share of step time in memory-bound ops (elementwise, norms, activations, softmax, "
-                              "copies) by torch.profiler self time. More GPUs do not speed these up."
-                              + (" On a CPU the op mix differs from a GPU's (vectorised, cache-resident "
-                                 "elementwise ops; slower matmuls)." if on_cpu else "")),
-                     fix=fix_mb, source=src)
-    if fusion is None or not fusion.results.get("available"):
-        why = why_missing if fusion is None else f"torch.compile unavailable ({fusion.results.get('reason')})"
-        sink.not_measured("baseline/fusion_speedup", "x", "recorded for reference", fix_mb, why)
-    else:
-        f = fusion.results
-        sink.add(id="baseline/fusion_speedup", value=f["speedup_fwd_bwd"], unit="x", verdict="info",
-                 threshold="recorded for reference (> 1 means fusion pays)",
-                 message=(f"A Linear-GELU-add-LayerNorm block, forward+backward: eager "
-                          f"{f['eager_fwd_bwd_s'] * 1e3:.2f} ms, torch.compile {f['compiled_fwd_bwd_s'] * 1e3:.2f} ms; "
-                          "memory-bound share " + " -> ".join(
-                              "n/a" if x is None else f"{x:.0%}"
-                              for x in (f["memory_bound_share_eager"], f["memory_bound_share_compiled"])) + "."),
-                 fix="Compile (or use fused kernels) before scaling out: fusion removes memory traffic that "
-                     "more GPUs would only replicate.", source=fusion.source)
+    sink.measured("baseline/throughput", base, "tokens/s", _throughput_finding, why_missing=why_missing,
+                  missing_fix="Run the audit in measure mode, or pass --results with a baseline record from your "
+                              "cluster.")
+    sink.measured("baseline/peak_memory", base, "bytes", lambda r: _peak_memory_finding(r, base.record),
+                  why_missing=why_missing, missing_threshold="below the device memory", missing_fix=fix_mfu)
+    sink.measured("baseline/mfu", base, "fraction", lambda r: _mfu_finding(r, fix_mfu), why_missing=why_missing,
+                  missing_threshold=mfu_words, missing_fix=fix_mfu)
+    # the profiler ran but saw no op time (e.g. no CUPTI): not measured, not a pass
+    no_op_time = base is not None and base.results["memory_bound_share"] is None
+    sink.measured("baseline/memory_bound_share", None if no_op_time else base, "fraction",
+                  lambda r: _memory_bound_finding(r, fix_mb), missing_threshold=mb_words, missing_fix=fix_mb,
+                  why_missing=((base.results.get("profile") or {}).get("reason", "torch.profiler recorded no op time")
+                               if no_op_time else why_missing))
+    available = fusion is not None and fusion.results.get("available")
+    sink.measured("baseline/fusion_speedup", fusion if available else None, "x", _fusion_finding,
+                  why_missing=why_missing if fusion is None else
+                  f"torch.compile unavailable ({fusion.results.get('reason')})", missing_fix=fix_mb)
+
+
+def _throughput_finding(r: dict) -> dict:
+    """The single-device throughput every scaling stage is compared to (recorded, not judged)."""
+    th, cfg = r["throughput"], r["config"]
+    return dict(value=th["tokens_per_s"], verdict="info",
+                threshold="recorded for reference (the business layer of the profile)",
+                message=(f"Reference model ({r['params'] / 1e6:.1f} M params, batch {cfg['batch']} x "
+                         f"{cfg['seq_len']} tokens, {cfg['dtype']}): {th['samples_per_s']:.3g} samples/s, "
+                         f"median step {th['step_time_s'] * 1e3:.1f} ms (p10-p90 "
+                         f"{th['step_time_p10_s'] * 1e3:.1f}-{th['step_time_p90_s'] * 1e3:.1f} ms)."),
+                fix="Keep this number: it is the single-device price every scaling stage is compared to.")
+
+
+def _peak_memory_finding(r: dict, record: dict | None) -> dict:
+    """Peak memory, judged as a share of the memory of the device the record was measured on."""
+    mem = r["memory"]
+    peak_b = mem["peak_GB"] * 1e9
+    dev = (record or {}).get("device") or {}      # the device the record was measured on
+    device_GB = dev.get("memory_GB") if dev.get("kind") == "cuda" else None
+    share = peak_b / (device_GB * 1e9) if device_GB and not mem["is_lower_bound"] else None
+    verdict, words = judge(share, warn=MEMORY_WARN, fail=MEMORY_FAIL, higher_is_better=False, fmt="{:.0%}")
+    return dict(value=peak_b, verdict=verdict, threshold=f"share of device memory: {words}",
+                message=(f"Peak memory {mem['peak_GB']:.3g} GB" + (f" ({share:.0%} of the device)" if share else "")
+                         + f"; method: {mem['method']}."),
+                fix="Peak memory bounds the micro-batch and the parallel plan: measure it before choosing tp/pp.")
+
+
+def _mfu_finding(r: dict, fix: str) -> dict:
+    """Model FLOPs utilisation against the datasheet peak (and the measured matmul ceiling); not judged
+    on the CPU fallback, whose peak is unknown."""
+    m = r["mfu"]
+    v, words = judge(m["mfu_datasheet"], warn=MFU_WARN, fail=MFU_FAIL, fmt="{:.0%}")
+    if r["device"] == "cpu":
+        v, words = "info", CPU_NOT_JUDGED + words
+    ceil = m["mfu_measured_ceiling"]
+    return dict(value=m["mfu_datasheet"], verdict=v, threshold=words,
+                message=(f"{m['achieved_tflops']:.3g} TFLOP/s of model FLOPs; "
+                         + (f"MFU {m['mfu_datasheet']:.1%} of the {m['datasheet_peak_tflops']:g} TFLOP/s "
+                            f"datasheet peak" if m["mfu_datasheet"] is not None else m["peak_note"])
+                         + (f"; {ceil:.1%} of the measured matmul ceiling ({m['measured_ceiling_tflops']:.3g} "
+                            f"TFLOP/s)" if ceil is not None else "") + "."),
+                fix=fix)
+
+
+def _memory_bound_finding(r: dict, fix: str) -> dict:
+    """The share of step time in memory-bound ops: the part more GPUs replicate instead of speeding up."""
+    share_mb, on_cpu = r["memory_bound_share"], r["device"] == "cpu"
+    v, words = judge(share_mb, warn=MEMBOUND_WARN, fail=MEMBOUND_FAIL, higher_is_better=False, fmt="{:.0%}")
+    if on_cpu:
+        v, words = "info", CPU_NOT_JUDGED + words
+    return dict(value=share_mb, verdict=v, threshold=words,
+                message=("Share of step time in memory-bound ops (elementwise, norms, activations, softmax, "
+                         "copies) by torch.profiler self time. More GPUs do not speed these up."
+                         + (" On a CPU the op mix differs from a GPU's (vectorised, cache-resident "
+                            "elementwise ops; slower matmuls)." if on_cpu else "")),
+                fix=fix)
+
+
+def _fusion_finding(f: dict) -> dict:
+    """Eager against torch.compile on one fusable block: what fusion buys before scaling out."""
+    return dict(value=f["speedup_fwd_bwd"], verdict="info", threshold="recorded for reference (> 1 means fusion pays)",
+                message=(f"A Linear-GELU-add-LayerNorm block, forward+backward: eager "
+                         f"{f['eager_fwd_bwd_s'] * 1e3:.2f} ms, torch.compile {f['compiled_fwd_bwd_s'] * 1e3:.2f} ms; "
+                         "memory-bound share " + " -> ".join(
+                             "n/a" if x is None else f"{x:.0%}"
+                             for x in (f["memory_bound_share_eager"], f["memory_bound_share_compiled"])) + "."),
+                fix="Compile (or use fused kernels) before scaling out: fusion removes memory traffic that "
+                    "more GPUs would only replicate.")
 
 
 def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source: str,

@@ -108,23 +108,12 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """Findings from the storage/break-point measurement (``pipe``), the tuner (``tune``) and the
     instrumentation overhead (``overhead``): ``preflight.chapter.Measured`` objects or None."""
+    sink.measured("data_pipeline/small_file_slowdown", pipe, "x", _small_file_finding, why_missing=why_missing,
+                  missing_fix="Pack small files into shards.")
     if pipe is None:
-        sink.not_measured("data_pipeline/small_file_slowdown", "x", "recorded for reference",
-                      "Pack small files into shards.", why_missing)
         sink.not_measured("data_pipeline/h2d_pinned_speedup", "x", "recorded for reference",
                       "Pin host memory and copy with non_blocking=True.", why_missing)
     else:
-        st = pipe.results["storage"]
-        sf, sh = st["small_files"], st["shards"]
-        sink.add(id="data_pipeline/small_file_slowdown", value=st["slowdown_read_cold"], unit="x", verdict="info",
-                 threshold="recorded for reference (> 1: small files are slower)",
-                 message=(f"The same {sf['samples']:,} samples ({sf['bytes'] / 1e6:.0f} MB) read cold from "
-                          f"{sf['files']:,} small files took {sf['read_cold_s']:.3g} s ({sf['read_cold_MBps']:.0f} MB/s), "
-                          f"from {sh['files']} shards {sh['read_cold_s']:.3g} s ({sh['read_cold_MBps']:.0f} MB/s): "
-                          f"{st['slowdown_read_cold']:.1f}x; warm {st['slowdown_read_warm']:.1f}x; listing "
-                          f"{st['slowdown_list_warm']:.0f}x ({st['filesystem']}, local disk: a parallel file "
-                          "system's metadata round trips make the gap far larger)."),
-                 fix="Pack the samples into tar shards (webdataset) of 200-500 MB.", source=pipe.source)
         h = pipe.results["h2d"]
         if h.get("available"):
             sink.add(id="data_pipeline/h2d_pinned_speedup", value=h["pinned_speedup"], unit="x", verdict="info",
@@ -172,19 +161,35 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                           + (f"; one worker preprocesses {pipe.results['preprocessing']['per_worker_samples_per_s']:,.0f} "
                              f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
                  fix=FIX_LOADER, source=src)
-    if overhead is None:
-        sink.not_measured("data_pipeline/instrumentation_overhead", "fraction",
-                      judge(None, warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL, higher_is_better=False, fmt="{:.0%}")[1],
-                      "Wrap the loader in preflight.loadmon.LoaderMonitor and keep it on.", why_missing)
-    else:
-        o = overhead.results
-        v, words = judge(o["bookkeeping_share_of_step"], warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL,
-                         higher_is_better=False, fmt="{:.0%}")
-        sink.add(id="data_pipeline/instrumentation_overhead", value=o["bookkeeping_share_of_step"], unit="fraction",
-                 verdict=v, threshold=words + " of a step",
-                 message=(f"The loader monitor's bookkeeping costs {o['bookkeeping_s_per_step'] * 1e6:.1f} us per "
-                          f"step, {o['bookkeeping_share_of_step']:.3%} of a {o['step_s'] * 1e3:.1f} ms step; end to "
-                          f"end the loop ran {o['overhead_fraction']:+.1%} with it (noise on a shared CPU)."),
-                 fix="Keep per-step wait, queue depth and preprocessing rate on in every run.",
-                 source=overhead.source)
+    sink.measured("data_pipeline/instrumentation_overhead", overhead, "fraction", _overhead_finding,
+                  why_missing=why_missing,
+                  missing_threshold=judge(None, warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL, higher_is_better=False,
+                                          fmt="{:.0%}")[1],
+                  missing_fix="Wrap the loader in preflight.loadmon.LoaderMonitor and keep it on.")
+
+
+def _small_file_finding(r: dict) -> dict:
+    """The same samples read from small files and from shards (``bench.datapipe``'s storage part)."""
+    st = r["storage"]
+    sf, sh = st["small_files"], st["shards"]
+    return dict(value=st["slowdown_read_cold"], verdict="info",
+                threshold="recorded for reference (> 1: small files are slower)",
+                message=(f"The same {sf['samples']:,} samples ({sf['bytes'] / 1e6:.0f} MB) read cold from "
+                         f"{sf['files']:,} small files took {sf['read_cold_s']:.3g} s ({sf['read_cold_MBps']:.0f} MB/s), "
+                         f"from {sh['files']} shards {sh['read_cold_s']:.3g} s ({sh['read_cold_MBps']:.0f} MB/s): "
+                         f"{st['slowdown_read_cold']:.1f}x; warm {st['slowdown_read_warm']:.1f}x; listing "
+                         f"{st['slowdown_list_warm']:.0f}x ({st['filesystem']}, local disk: a parallel file "
+                         "system's metadata round trips make the gap far larger)."),
+                fix="Pack the samples into tar shards (webdataset) of 200-500 MB.")
+
+
+def _overhead_finding(o: dict) -> dict:
+    """What the loader monitor's bookkeeping costs per step (``loadmon`` overhead record)."""
+    v, words = judge(o["bookkeeping_share_of_step"], warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL,
+                     higher_is_better=False, fmt="{:.0%}")
+    return dict(value=o["bookkeeping_share_of_step"], verdict=v, threshold=words + " of a step",
+                message=(f"The loader monitor's bookkeeping costs {o['bookkeeping_s_per_step'] * 1e6:.1f} us per "
+                         f"step, {o['bookkeeping_share_of_step']:.3%} of a {o['step_s'] * 1e3:.1f} ms step; end to "
+                         f"end the loop ran {o['overhead_fraction']:+.1%} with it (noise on a shared CPU)."),
+                fix="Keep per-step wait, queue depth and preprocessing rate on in every run.")
 

@@ -113,59 +113,54 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
 def add_measured_findings(sink: FindingSink, resume, stall, elastic,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """``resume``, ``stall``, ``elastic``: ``preflight.chapter.Measured`` or None each."""
-    if resume is None:
-        sink.not_measured("fault_tolerance/resume_bitwise", "bool", "pass = bitwise equal",
-                          "Checkpoint model, optimizer, scheduler, every RNG and the data position.", why_missing)
-    else:
-        r = resume.results
-        broken = [x for x in r["rows"][1:] if not x["bitwise_equal"]]
-        sink.add(id="fault_tolerance/resume_bitwise", value=float(r["resume_bitwise"]), unit="bool",
-                 verdict="pass" if r["resume_bitwise"] else "fail", threshold="pass = bitwise equal",
-                 message=(f"Killed with SIGKILL after step {r['killed_after_step']}, resumed from the step "
-                          f"{r['checkpoint_step']} checkpoint ({r['steps_lost']} step(s) recomputed): the "
-                          f"{r['rows'][0]['steps_compared']} losses are "
-                          + ("bit-for-bit those of the uninterrupted run. " if r["resume_bitwise"] else
-                             "NOT those of the uninterrupted run. ")
-                          + "Leaving out " + ", ".join(f"{x['variant'].removeprefix('without ')} (max |diff| "
-                                                       f"{x['max_abs_diff']:.2g})" for x in broken)
-                          + " makes the curve depart."),
-                 fix="Save and restore every part of the state: preflight.bench.trainloop shows each.",
-                 source=resume.source)
-    if stall is None:
-        sink.not_measured("fault_tolerance/async_stall_ratio", "ratio", "recorded for reference",
-                          "Snapshot to host memory, write in the background.", why_missing)
-    else:
-        r = stall.results
-        v, words = judge(r["async_stall_ratio"], warn=STALL_WARN, fail=STALL_FAIL, higher_is_better=False,
-                         fmt="{:.2g}")
-        rows = pd.DataFrame(r["rows"])
-        parts = "; ".join(f"{x.method}: {x.stall_s * 1e3:.1f} ms" for x in rows.itertuples()
-                          if hasattr(x, "stall_s"))
-        two = rows[rows["method"] == "async two-stage"]
-        hidden = ""
-        if len(two) and "hidden_cost_s" in two:
-            x = two.iloc[0]
-            hidden = (f" Hidden cost: the steps trained while the background write ran were {x['inflight_slowdown']:.2f}x "
-                      f"slower ({x['hidden_cost_s'] * 1e3:.0f} ms per checkpoint), as the writer competes for "
-                      "the same CPU cores; a GPU-bound step leaves them free.")
-        sink.add(id="fault_tolerance/async_stall_ratio", value=r["async_stall_ratio"], unit="ratio", verdict=v,
-                 threshold="async stall / sync stall: " + words,
-                 message=(f"Training waits {r['async_stall_ratio']:.2f}x as long for an asynchronous two-stage save "
-                          f"as for a synchronous one (state {r['config'].get('state_MB', 0):.0f} MB; {parts})."
-                          + hidden),
-                 fix="Snapshot to host memory and write in the background (TwoStageCheckpointer, DCP async_save).",
-                 source=stall.source)
-    if elastic is None:
-        sink.not_measured("fault_tolerance/elastic_recovery_s", "s", "recorded for reference",
-                          "Run under torchrun --max-restarts with a c10d rendezvous.", why_missing)
-    else:
-        r = elastic.results
-        sink.add(id="fault_tolerance/elastic_recovery_s", value=r["recovery_s"], unit="s", verdict="info",
-                 threshold="recorded for reference",
-                 message=(f"torchrun --max-restarts=2: rank 1 killed after step {r['killed_after_step']}; training "
-                          f"again {r['recovery_s']:.1f} s later from the step {r['resumed_from']} checkpoint "
-                          f"({r['steps_lost']} steps lost, back to the kill point after {r['time_to_regain_s']:.1f} s); "
-                          "final loss " + ("bitwise equal to" if r["final_loss_equal"] else "DIFFERENT from")
-                          + " an uninterrupted run."),
-                 fix="torchrun --max-restarts with c10d rendezvous; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.",
-                 source=elastic.source)
+    sink.measured("fault_tolerance/resume_bitwise", resume, "bool", _resume_finding, why_missing=why_missing,
+                  missing_threshold="pass = bitwise equal",
+                  missing_fix="Checkpoint model, optimizer, scheduler, every RNG and the data position.")
+    sink.measured("fault_tolerance/async_stall_ratio", stall, "ratio", _stall_finding, why_missing=why_missing,
+                  missing_fix="Snapshot to host memory, write in the background.")
+    sink.measured("fault_tolerance/elastic_recovery_s", elastic, "s", lambda r: dict(
+        value=r["recovery_s"], verdict="info", threshold="recorded for reference",
+        message=(f"torchrun --max-restarts=2: rank 1 killed after step {r['killed_after_step']}; training "
+                 f"again {r['recovery_s']:.1f} s later from the step {r['resumed_from']} checkpoint "
+                 f"({r['steps_lost']} steps lost, back to the kill point after {r['time_to_regain_s']:.1f} s); "
+                 "final loss " + ("bitwise equal to" if r["final_loss_equal"] else "DIFFERENT from")
+                 + " an uninterrupted run."),
+        fix="torchrun --max-restarts with c10d rendezvous; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."),
+        why_missing=why_missing, missing_fix="Run under torchrun --max-restarts with a c10d rendezvous.")
+
+
+def _resume_finding(r: dict) -> dict:
+    """Kill-and-resume against the uninterrupted run, and which left-out piece of state breaks it."""
+    broken = [x for x in r["rows"][1:] if not x["bitwise_equal"]]
+    return dict(value=float(r["resume_bitwise"]), verdict="pass" if r["resume_bitwise"] else "fail",
+                threshold="pass = bitwise equal",
+                message=(f"Killed with SIGKILL after step {r['killed_after_step']}, resumed from the step "
+                         f"{r['checkpoint_step']} checkpoint ({r['steps_lost']} step(s) recomputed): the "
+                         f"{r['rows'][0]['steps_compared']} losses are "
+                         + ("bit-for-bit those of the uninterrupted run. " if r["resume_bitwise"] else
+                            "NOT those of the uninterrupted run. ")
+                         + "Leaving out " + ", ".join(f"{x['variant'].removeprefix('without ')} (max |diff| "
+                                                      f"{x['max_abs_diff']:.2g})" for x in broken)
+                         + " makes the curve depart."),
+                fix="Save and restore every part of the state: preflight.bench.trainloop shows each.")
+
+
+def _stall_finding(r: dict) -> dict:
+    """How long training waits for an asynchronous save against a synchronous one, and the hidden cost."""
+    v, words = judge(r["async_stall_ratio"], warn=STALL_WARN, fail=STALL_FAIL, higher_is_better=False,
+                     fmt="{:.2g}")
+    rows = pd.DataFrame(r["rows"])
+    parts = "; ".join(f"{x.method}: {x.stall_s * 1e3:.1f} ms" for x in rows.itertuples()
+                      if hasattr(x, "stall_s"))
+    two = rows[rows["method"] == "async two-stage"]
+    hidden = ""
+    if len(two) and "hidden_cost_s" in two:
+        x = two.iloc[0]
+        hidden = (f" Hidden cost: the steps trained while the background write ran were {x['inflight_slowdown']:.2f}x "
+                  f"slower ({x['hidden_cost_s'] * 1e3:.0f} ms per checkpoint), as the writer competes for "
+                  "the same CPU cores; a GPU-bound step leaves them free.")
+    return dict(value=r["async_stall_ratio"], verdict=v, threshold="async stall / sync stall: " + words,
+                message=(f"Training waits {r['async_stall_ratio']:.2f}x as long for an asynchronous two-stage save "
+                         f"as for a synchronous one (state {r['config'].get('state_MB', 0):.0f} MB; {parts})."
+                         + hidden),
+                fix="Snapshot to host memory and write in the background (TwoStageCheckpointer, DCP async_save).")

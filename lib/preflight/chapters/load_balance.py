@@ -82,48 +82,40 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """``padding``: measured tokens/s per strategy; ``bubble``: measured vs formula bubble rows;
     ``partition``: predicted and measured gains (``preflight.chapter.Measured`` or None each)."""
-    if padding is None:
-        sink.not_measured("load_balance/bucketing_speedup", "x", "recorded for reference",
-                          "Batch by length.", why_missing)
-    else:
-        r = padding.results
-        sink.add(id="load_balance/bucketing_speedup", value=r["bucketing_speedup"], unit="x", verdict="info",
-                 threshold="recorded for reference (> 1: bucketing pays)",
-                 message=(f"Useful tokens/s of a Transformer forward+backward: length bucketing is "
-                          f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
-                          f"{r['bucketing_speedup_vs_dataset']:.2f}x pad-to-longest-in-dataset."),
-                 fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler.",
-                 source=padding.source)
-    if bubble is None:
-        sink.not_measured("load_balance/measured_bubble", "fraction", "recorded for reference",
-                          "Measure the pipeline's idle share per rank.", why_missing)
-    else:
-        rows = pd.DataFrame(bubble.results["rows"])
-        ok = rows[~rows["oversubscribed"].astype(bool)] if "oversubscribed" in rows else rows
-        ok = ok if len(ok) else rows
-        # the reference point: 1F1B (the schedule in use) at the largest m that ran without oversubscription
-        pref = ok[ok["schedule"] == "1f1b"] if (ok["schedule"] == "1f1b").any() else ok
-        ref = pref.sort_values(["p", "m"]).iloc[-1]
-        parts = "; ".join(f"{x.schedule} p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
-                          + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
-                          for x in rows.itertuples())
-        sink.add(id="load_balance/measured_bubble", value=float(ref["measured_bubble"]), unit="fraction",
-                 verdict="info", threshold="recorded for reference (against (p-1)/(v m + p-1))",
-                 message=(f"Measured idle share per rank (measured vs formula): {parts}. "
-                          f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
-                          "at large m the send/recv latency sets a floor the formula does not have."),
-                 fix="Trust the formula for small m; measure at large m.", source=bubble.source)
-    if partition is None:
-        sink.not_measured("load_balance/partition_gain", "x", "recorded for reference",
-                          "Partition stages by profiled layer time, not by layer count.", why_missing)
-    else:
-        r = partition.results
-        sink.add(id="load_balance/partition_gain", value=r["measured_gain"], unit="x", verdict="info",
-                 threshold="recorded for reference (> 1: partitioning by time pays)",
-                 message=(f"{r['p']} stages of the heterogeneous model: bottleneck by layer count "
-                          f"{r['bottleneck_count_s'] * 1e3:.2f} ms vs by time {r['bottleneck_time_s'] * 1e3:.2f} ms, "
-                          f"predicted gain {r['predicted_gain']:.2f}x; measured throughput "
-                          f"{r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s "
-                          f"({r['measured_gain']:.2f}x)."),
-                 fix="Profile every layer, then split at the exact optimal contiguous boundaries.",
-                 source=partition.source)
+    sink.measured("load_balance/bucketing_speedup", padding, "x", lambda r: dict(
+        value=r["bucketing_speedup"], verdict="info", threshold="recorded for reference (> 1: bucketing pays)",
+        message=(f"Useful tokens/s of a Transformer forward+backward: length bucketing is "
+                 f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
+                 f"{r['bucketing_speedup_vs_dataset']:.2f}x pad-to-longest-in-dataset."),
+        fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler."),
+        why_missing=why_missing, missing_fix="Batch by length.")
+    sink.measured("load_balance/measured_bubble", bubble, "fraction", _bubble_finding,
+                  why_missing=why_missing, missing_fix="Measure the pipeline's idle share per rank.")
+    sink.measured("load_balance/partition_gain", partition, "x", lambda r: dict(
+        value=r["measured_gain"], verdict="info", threshold="recorded for reference (> 1: partitioning by time pays)",
+        message=(f"{r['p']} stages of the heterogeneous model: bottleneck by layer count "
+                 f"{r['bottleneck_count_s'] * 1e3:.2f} ms vs by time {r['bottleneck_time_s'] * 1e3:.2f} ms, "
+                 f"predicted gain {r['predicted_gain']:.2f}x; measured throughput "
+                 f"{r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s "
+                 f"({r['measured_gain']:.2f}x)."),
+        fix="Profile every layer, then split at the exact optimal contiguous boundaries."),
+        why_missing=why_missing, missing_fix="Partition stages by profiled layer time, not by layer count.")
+
+
+def _bubble_finding(results: dict) -> dict:
+    """The measured bubble against the formula, at 1F1B's largest m that ran without oversubscription."""
+    rows = pd.DataFrame(results["rows"])
+    ok = rows[~rows["oversubscribed"].astype(bool)] if "oversubscribed" in rows else rows
+    ok = ok if len(ok) else rows
+    # the reference point: 1F1B (the schedule in use) at the largest m that ran without oversubscription
+    pref = ok[ok["schedule"] == "1f1b"] if (ok["schedule"] == "1f1b").any() else ok
+    ref = pref.sort_values(["p", "m"]).iloc[-1]
+    parts = "; ".join(f"{x.schedule} p={int(x.p)} m={int(x.m)}: {x.measured_bubble:.1%} vs {x.formula:.1%}"
+                      + (" (oversubscribed)" if bool(getattr(x, "oversubscribed", False)) else "")
+                      for x in rows.itertuples())
+    return dict(value=float(ref["measured_bubble"]), verdict="info",
+                threshold="recorded for reference (against (p-1)/(v m + p-1))",
+                message=(f"Measured idle share per rank (measured vs formula): {parts}. "
+                         f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
+                         "at large m the send/recv latency sets a floor the formula does not have."),
+                fix="Trust the formula for small m; measure at large m.")

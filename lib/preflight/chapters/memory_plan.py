@@ -119,11 +119,13 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
 
 def add_validation_finding(sink: FindingSink, measured, why_missing: str = "plan-only mode (no live measurement)") -> None:
     """``baseline/memory_model_error``: the planner against the live measurement (``bench.memory``)."""
-    if measured is None:
-        sink.not_measured("baseline/memory_model_error", "fraction", "recorded for reference",
-                          "Compare the planner with a measured step.", why_missing)
-        return
-    r = measured.results
+    sink.measured("baseline/memory_model_error", measured, "fraction", _validation_finding,
+                  why_missing=why_missing, missing_fix="Compare the planner with a measured step.")
+
+
+def _validation_finding(r: dict) -> dict:
+    """The planner's terms against a measured step of the reference model (``bench.memory``): judged on
+    the activations, the term the planner estimates rather than counts."""
     act = r["activations"]
     err = abs(act["error"])
     states = "; ".join(f"{s['term']} {s['error']:+.1%}" for s in r["states"])
@@ -133,13 +135,11 @@ def add_validation_finding(sink: FindingSink, measured, why_missing: str = "plan
                   " The whole-step peak needs a GPU (torch.cuda.max_memory_allocated).")
     measured_layer = max(act["per_layer_measured"]) if isinstance(act["per_layer_measured"], list) else act["per_layer_measured"]
     v, words = judge(err, warn=ERROR_WARN, fail=ERROR_FAIL, higher_is_better=False, fmt="{:.0%}")
-    sink.add(id="baseline/memory_model_error", value=act["error"], unit="fraction", verdict=v,
-             threshold="|activation error|: " + words,
-             message=(f"Reference model on this machine: model states measured vs planned: {states}; activations per "
-                      f"layer measured {measured_layer / 2**20:.3f} MiB vs planned "
-                      f"{act['per_layer_predicted'] / 2**20:.3f} MiB ({act['error']:+.2%}).{peak_words}"),
-             fix="Trust the planner to this accuracy; measure your own model the same way (preflight.bench.memory).",
-             source=measured.source)
+    return dict(value=act["error"], verdict=v, threshold="|activation error|: " + words,
+                message=(f"Reference model on this machine: model states measured vs planned: {states}; activations per "
+                         f"layer measured {measured_layer / 2**20:.3f} MiB vs planned "
+                         f"{act['per_layer_predicted'] / 2**20:.3f} MiB ({act['error']:+.2%}).{peak_words}"),
+                fix="Trust the planner to this accuracy; measure your own model the same way (preflight.bench.memory).")
 
 
 def bubble_memory_table(profile: Profile, p: int, ms=(4, 8, 16, 32)) -> pd.DataFrame:

@@ -25,7 +25,8 @@ Adding a sixth chapter (say ``storage``):
 3. Sliders, if any, in ``lib/preflight/widgets/storage.py`` (exported from ``preflight.widgets``);
    formulas in ``models/``, measurements in ``bench/`` under the name of what they compute.
 4. ``tests/test_chapter_storage.py``.
-5. A :class:`Chapter` entry below (number 6, ``prefix="storage"``, ``old_prefixes=()``).
+5. A :class:`Chapter` entry below (number 6, ``prefix="storage"``, ``old_prefixes=()``, every module
+   of steps 2-3 and the tools it hands the user in ``library``, the test files in ``tests``).
 6. README: a row in "The five chapters" table and the chapter's line in the Layout section (it must
    name every module listed here); docs/facilitator.md: a row in the timing table.
 7. ``pytest tests/test_registry.py`` says what is still missing.
@@ -105,7 +106,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         widgets="preflight.widgets.data_pipeline",
         models=("preflight.models.data",),
         bench=("preflight.bench.datapipe", "preflight.bench.loadtune"),
-        library=("preflight.shards", "preflight.shardread", "preflight.loadmon"),
+        library=("preflight.shards", "preflight.shardformat", "preflight.shardread", "preflight.loadmon"),
         tests=("tests/test_chapter_data_pipeline.py", "tests/test_data_models.py", "tests/test_datapipe.py",
                "tests/test_shards.py", "tests/test_loadmon.py")),
     Chapter(
