@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from itertools import product
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -226,7 +225,7 @@ class JupyterLab:
             body = r.read()
         return json.loads(body) if body else None
 
-    def start(self, timeout: float = 90) -> "JupyterLab":
+    def start(self, timeout: float = 90) -> JupyterLab:
         settings = self.work / "settings"
         for name, value in LAB_SETTINGS.items():
             (settings / name).parent.mkdir(parents=True, exist_ok=True)

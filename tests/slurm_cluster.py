@@ -182,7 +182,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             if p.poll() is not None:
                 raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.diagnostics()}")
 
-    def start(self, timeout: float = 90) -> "SlurmCluster":
+    def start(self, timeout: float = 90) -> SlurmCluster:
         t0 = time.monotonic()
         self._write_config()
         # foreground (-F / -D) children: their pids are ours to stop and reap

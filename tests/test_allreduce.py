@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from preflight.bench import allreduce
 from preflight.bench.launch import max_processes
 from preflight.models.comm import (

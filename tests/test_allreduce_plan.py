@@ -103,7 +103,6 @@ def test_tiers_live_in_the_hardware_table():
 
 def test_every_caller_reads_the_one_plan():
     from conftest import EXAMPLE
-
     from preflight.chapters import communication as C
     from preflight.chapters import exercises as X
     from preflight.models.extrapolate import scaling_curve

@@ -15,12 +15,16 @@ CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "basel
            "baseline/scaling_efficiency_at_target", "baseline/memory_per_gpu", "baseline/memory_weights",
            "baseline/memory_grads", "baseline/memory_optimizer", "baseline/memory_activations", "baseline/memory_fits",
            "baseline/memory_model_error"}
-CH2_IDS = {"data_pipeline/small_file_slowdown", "data_pipeline/listing_s_at_profile", "data_pipeline/headroom", "data_pipeline/headroom_default",
+CH2_IDS = {"data_pipeline/small_file_slowdown", "data_pipeline/listing_s_at_profile", "data_pipeline/headroom",
+           "data_pipeline/headroom_default",
            "data_pipeline/best_loader_setting", "data_pipeline/h2d_pinned_speedup", "data_pipeline/instrumentation_overhead"}
-CH3_IDS = {"communication/allreduce_bytes_per_rank", "communication/allreduce_s", "communication/comm_compute_ratio", "communication/efficiency_no_overlap",
-           "communication/efficiency_full_overlap", "communication/measured_busbw", "communication/alpha_beta_fit_error", "communication/overlap_saving",
+CH3_IDS = {"communication/allreduce_bytes_per_rank", "communication/allreduce_s", "communication/comm_compute_ratio",
+           "communication/efficiency_no_overlap",
+           "communication/efficiency_full_overlap", "communication/measured_busbw",
+           "communication/alpha_beta_fit_error", "communication/overlap_saving",
            "communication/bf16_saving", "communication/topology"}
-CH4_IDS = {"load_balance/padding_waste", "load_balance/bucketing_speedup", "load_balance/bubble_fraction", "load_balance/bubble_over_ideal",
+CH4_IDS = {"load_balance/padding_waste", "load_balance/bucketing_speedup", "load_balance/bubble_fraction",
+           "load_balance/bubble_over_ideal",
            "load_balance/measured_bubble", "load_balance/partition_gain"}
 
 CH5_IDS = {"fault_tolerance/failure_prob_day", "fault_tolerance/failure_prob_run", "fault_tolerance/mtbf_h",
@@ -240,9 +244,11 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
-                "baseline/measured_scaling_efficiency", "baseline/memory_model_error", "data_pipeline/small_file_slowdown", "data_pipeline/headroom",
+                "baseline/measured_scaling_efficiency", "baseline/memory_model_error",
+                "data_pipeline/small_file_slowdown", "data_pipeline/headroom",
                 "data_pipeline/headroom_default", "data_pipeline/instrumentation_overhead", "communication/measured_busbw",
-                "communication/alpha_beta_fit_error", "communication/overlap_saving", "communication/bf16_saving", "load_balance/bucketing_speedup",
+                "communication/alpha_beta_fit_error", "communication/overlap_saving", "communication/bf16_saving",
+                "load_balance/bucketing_speedup",
                 "load_balance/measured_bubble", "load_balance/partition_gain", "fault_tolerance/resume_bitwise",
                 "fault_tolerance/async_stall_ratio", "fault_tolerance/elastic_recovery_s"):
         assert f[fid]["value"] is not None and f[fid]["source"].startswith("recorded"), (fid, f[fid]["source"])

@@ -66,9 +66,11 @@ def valid_profiles(draw) -> dict:
         "model": {"params": draw(_in("model.params")), "layers": draw(st.integers(1, 10_000)), "hidden": hidden,
                   "heads": heads, "seq_len": draw(st.integers(1, 10_000_000)), "vocab": draw(st.integers(1, 10_000_000))},
         "cluster": {"gpu": draw(st.sampled_from(["H100-SXM", "A100-SXM", "auto"])), "gpus_per_node": gpn,
-                    "nodes": nodes, "intra_node_GBps": draw(_in("cluster.intra_node_GBps")), "inter_node_Gbps": draw(_in("cluster.inter_node_Gbps")),
+                    "nodes": nodes, "intra_node_GBps": draw(_in("cluster.intra_node_GBps")),
+                    "inter_node_Gbps": draw(_in("cluster.inter_node_Gbps")),
                     "node_failure_per_day": draw(_in("cluster.node_failure_per_day")),
-                    "walltime_h": draw(_in("cluster.walltime_h")), "gpu_memory_GB": draw(st.none() | _in("cluster.gpu_memory_GB"))},
+                    "walltime_h": draw(_in("cluster.walltime_h")),
+                                           "gpu_memory_GB": draw(st.none() | _in("cluster.gpu_memory_GB"))},
         "training": {"step_compute_s": draw(_in("training.step_compute_s")), "step_serial_s": draw(_in("training.step_serial_s")),
                      "grad_dtype": draw(st.sampled_from(["fp32", "bf16", "fp16"])), "tp": tp, "pp": pp,
                      "microbatches": m, "pipeline_schedule": schedule,
@@ -212,7 +214,7 @@ def two_audits(tmp_path_factory):
 def test_two_audits_at_once_do_not_interfere(two_audits):
     base, runs, done = two_audits
     layouts = []
-    for k, (prof, gpus) in runs.items():
+    for k, (_prof, gpus) in runs.items():
         stdout, stderr, rc = done[k]
         assert rc == 0, (k, stdout, stderr)
         assert "Traceback" not in stderr and "database is locked" not in stderr and "in use" not in stderr, stderr

@@ -21,8 +21,18 @@ from dataclasses import replace
 
 import pytest
 
-from browser_helpers import (REPO, JupyterLab, RequestLog, alive, assert_shown, browser, descendants, keep_artifact,
-                             number, skip_reason)
+from browser_helpers import (
+    REPO,
+    JupyterLab,
+    RequestLog,
+    alive,
+    assert_shown,
+    browser,
+    descendants,
+    keep_artifact,
+    number,
+    skip_reason,
+)
 from conftest import run_cli
 from preflight.chapters.registry import CHAPTERS as REGISTRY
 

@@ -1,12 +1,11 @@
 """Chapter 3 plan arithmetic against hand computations of the field report's case, and the findings."""
 import pytest
 
+from conftest import EXAMPLE
 from preflight.chapters import communication as C
 from preflight.findings import FindingSink
 from preflight.models import comm
 from preflight.profile import load_profile
-
-from conftest import EXAMPLE
 
 
 def test_field_case_56_GB_and_over_2_s():
@@ -40,7 +39,8 @@ def test_plan_findings_fail_the_field_case():
     C.add_topology_finding(sink, load_profile(EXAMPLE))
     f = {x.id: x for x in sink.findings}
     assert f["communication/comm_compute_ratio"].verdict == "fail"
-    assert f["communication/efficiency_no_overlap"].verdict == "fail" and f["communication/efficiency_full_overlap"].verdict == "fail"
+    assert f["communication/efficiency_no_overlap"].verdict == "fail"
+    assert f["communication/efficiency_full_overlap"].verdict == "fail"
     assert f["communication/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
     assert f["communication/topology"].verdict == "pass"
     assert "hierarchical" in f["communication/allreduce_s"].message
@@ -72,9 +72,8 @@ def test_plan_only_measured_findings_are_info():
 def _measured(name):
     import json
 
-    from preflight.chapter import Measured
-
     from conftest import REPO
+    from preflight.chapter import Measured
     rec = json.loads((REPO / "tests" / "data" / "cpu_records" / f"{name}.json").read_text())
     return Measured(rec["results"], "recorded on test CPU", rec)
 

@@ -1,14 +1,13 @@
 """Chapter 2 findings replayed from real records of a quick CPU run (tests/data/cpu_records)."""
 import pytest
 
+from conftest import EXAMPLE, REPO
 from preflight.chapter import Measured
 from preflight.chapters import data_pipeline as C
 from preflight.findings import FindingSink
 from preflight.models import data as M
 from preflight.profile import load_profile
 from preflight.records import load_records
-
-from conftest import EXAMPLE, REPO
 
 RECORDS = REPO / "tests" / "data" / "cpu_records"
 
@@ -28,7 +27,8 @@ def findings():
 
 def test_recorded_run_gives_every_measured_finding(findings):
     assert set(findings) == {"data_pipeline/small_file_slowdown", "data_pipeline/h2d_pinned_speedup", "data_pipeline/headroom",
-                             "data_pipeline/headroom_default", "data_pipeline/best_loader_setting", "data_pipeline/instrumentation_overhead"}
+                             "data_pipeline/headroom_default", "data_pipeline/best_loader_setting",
+                             "data_pipeline/instrumentation_overhead"}
     tune = _measured("loadtune").results
     best = tune["best"]
     assert findings["data_pipeline/headroom"].value == pytest.approx(best["headroom"])

@@ -3,10 +3,9 @@ import math
 
 import pytest
 
+from conftest import plan_findings
 from preflight.chapters import fault_tolerance as C
 from preflight.models import resilience as R
-
-from conftest import plan_findings
 
 
 def _findings(**changes):

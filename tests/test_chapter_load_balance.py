@@ -2,14 +2,13 @@
 quick CPU run (tests/data/cpu_records)."""
 import pytest
 
+from conftest import EXAMPLE, REPO
 from preflight.chapter import Measured
 from preflight.chapters import load_balance as C
 from preflight.findings import FindingSink
 from preflight.models import pipeline as P
 from preflight.profile import load_profile
 from preflight.records import load_records
-
-from conftest import EXAMPLE, REPO
 
 
 def _measured(method):

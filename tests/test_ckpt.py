@@ -105,7 +105,7 @@ class Reference:
             self.digest, self.loss = [_digest(self.model, self.opt)], [None]
             self._rng = torch.get_rng_state(), random.getstate()
 
-    def upto(self, step: int) -> "Reference":
+    def upto(self, step: int) -> Reference:
         with _isolated_rng():
             torch.set_rng_state(self._rng[0])
             random.setstate(self._rng[1])

@@ -3,12 +3,11 @@ import math
 
 import pytest
 
+from conftest import EXAMPLE
 from preflight.chapters import data_pipeline as C
 from preflight.findings import FindingSink
 from preflight.models import data as M
 from preflight.profile import load_profile
-
-from conftest import EXAMPLE
 
 
 def test_field_case_listing_is_over_an_hour_on_lustre_and_seconds_as_shards():
@@ -87,7 +86,8 @@ def test_plan_only_measured_findings_are_info(tmp_path):
     C.add_measured_findings(sink, prof, None, None, None)
     ids = {f.id for f in sink.findings}
     assert ids == {"data_pipeline/small_file_slowdown", "data_pipeline/h2d_pinned_speedup", "data_pipeline/headroom",
-                   "data_pipeline/headroom_default", "data_pipeline/best_loader_setting", "data_pipeline/instrumentation_overhead"}
+                   "data_pipeline/headroom_default", "data_pipeline/best_loader_setting",
+                   "data_pipeline/instrumentation_overhead"}
     assert all(f.verdict == "info" and f.value is None for f in sink.findings)
 
 

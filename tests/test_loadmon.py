@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
 from preflight import loadmon
 from preflight.loadmon import (
     COLUMNS,
@@ -17,7 +19,6 @@ from preflight.loadmon import (
     stamped,
     timed,
 )
-from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 PREP_S = 0.002      # per-sample transform time
 BATCH = 8
@@ -95,7 +96,12 @@ def test_fed_loader_with_workers():
         loadmon._PREP[:] = [0.0, 0]
     assert sorted(seen) == list(range(24 * BATCH))
     s = mon.summary()
-    assert s["time/data_wait_median(s)"] < 0.005
+    # fed: each batch was ready before the loop asked for it (after the workers' start-up), so what the loop
+    # still waits for is the hand-over of a ready batch, less than preparing one takes (~0.3 ms idle; 5.4 ms
+    # once with 2 CPU hogs, when the worker has to be scheduled to pass the tensors' file descriptors)
+    df = mon.frame().iloc[2:]
+    assert (df["produced_at"] <= df["consumed_at"] - df["wait_s"]).mean() >= 0.9, df
+    assert s["time/data_wait_median(s)"] < BATCH * PREP_S
     assert s["loader/queue_depth_median"] >= 2
     rate, throughput = s["loader/prep_rate_per_worker(samples/s)"], s["loader/throughput(samples/s)"]
     assert 0 < rate <= 1 / PREP_S                               # a 2 ms sleep per sample, never shorter

@@ -3,6 +3,7 @@ monotonicity over a grid of plans, the cheapest change that makes a plan fit, in
 import itertools
 
 import pytest
+
 from preflight.models import memory as M
 
 GPT3 = dict(seq_len=2048, micro_batch_size=1, hidden=12288, heads=96)        # Korthikanti Table 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+
 from preflight.bench import pipeline
 from preflight.models.pipeline import schedule_timeline
 

@@ -6,6 +6,7 @@ from fractions import Fraction as Fr
 
 import numpy as np
 import pytest
+
 from preflight.models import padding as P
 from preflight.models import pipeline as M
 

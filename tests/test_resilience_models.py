@@ -321,8 +321,8 @@ def test_failure_chart_keeps_each_series_colour():
 
 
 def test_failure_explorer_follows_sliders():
-    from preflight.widgets import fault_tolerance as Wd
     from preflight.widgets import failure_explorer
+    from preflight.widgets import fault_tolerance as Wd
 
     box = failure_explorer(1e-4, 1000, 30)
     c = _controls(box)

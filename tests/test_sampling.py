@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 import torch
+
 from preflight.models.padding import lognormal_lengths, padding_table
 from preflight.sampling import LengthBucketSampler, pad_collate
 

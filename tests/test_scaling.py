@@ -7,11 +7,10 @@ import subprocess
 
 import pytest
 
+from conftest import REPO
 from preflight.bench import scaling
 from preflight.models.extrapolate import scaling_curve
 from preflight.records import make_record, save_record
-
-from conftest import REPO
 
 SBATCH = REPO / "slurm" / "scaling_stages.sbatch"
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, RandomSampler
+
 from conftest import run_cli
 from preflight import cli, shards
 from preflight.bench import samples
-from torch.utils.data import DataLoader, RandomSampler
 
 N = 240                   # samples in the test tree (a few kB each)
 SHARD = 64_000            # 64 kB shards: about 25 shards

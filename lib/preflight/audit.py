@@ -115,7 +115,7 @@ def _kernel_manager_class(socket_dir: str, started: list):
     """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
     listens on a port, and ipykernel has nothing to warn about. Each manager is appended to
     ``started`` so that an interrupted audit can stop its kernel (``_stop_kernels``)."""
-    from jupyter_client.manager import AsyncKernelManager   # nbclient needs the async one for timeouts
+    from jupyter_client.manager import AsyncKernelManager  # nbclient needs the async one for timeouts
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw):
@@ -220,7 +220,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
 
     available = discover(playbook)
     out_dir.mkdir(parents=True, exist_ok=True)
-    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     atomic_write_text(out_dir / "index.html", _incomplete_page(
         profile.project, f"Audit in progress since {started_at} (chapters {', '.join(map(str, chapters))}). If no "
         "audit is running, it was stopped before the end (killed, machine down): run it again."), fsync=False)
@@ -256,7 +256,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             "schema": "preflight-findings/1",
             "project": profile.project,
             "notes": profile.notes,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "mode": "plan-only" if plan_only or not profile.measure else "measure",
             "profile": profile.model_dump(),
             "profile_path": str(profile_path),

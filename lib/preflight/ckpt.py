@@ -39,8 +39,8 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from preflight.fsutil import atomic_write_bytes, fsync_dir
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from preflight.hardware import CHIPS
 
@@ -137,7 +136,7 @@ class Profile(_Strict):
     notes: str = Field("", max_length=10_000)
 
     @model_validator(mode="after")
-    def _plan_fits(self) -> "Profile":
+    def _plan_fits(self) -> Profile:
         gpus = self.cluster.gpus_per_node * self.cluster.nodes
         t = self.training
         if gpus % (t.tp * t.pp):

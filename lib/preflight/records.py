@@ -120,7 +120,7 @@ def make_record(method: str, method_version: int, params: dict, results: dict,
     return {
         "method": method,
         "method_version": method_version,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "device": device,
         "versions": versions(),

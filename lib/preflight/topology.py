@@ -164,7 +164,7 @@ def parse_topo_matrix(text: str) -> pd.DataFrame:
     (X, NV#, PIX, PXB, PHB, NODE, SYS), then the 'CPU Affinity', 'NUMA Affinity', 'GPU NUMA ID' columns
     as printed ('' where a row has none, e.g. NICs). ``df.attrs['nic_names']`` maps NIC0 -> mlx5_0."""
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines):  # noqa: B007 - i is read after the loop
         header = [c.strip() for c in line.split("\t")]
         if "GPU0" in header:
             break

@@ -36,9 +36,9 @@ import os
 
 import pandas as pd
 
+from preflight import charts, hardware
 from preflight.chapter import start
 from preflight.chapters import baseline as B
-from preflight import charts, hardware
 from preflight.models import scaling
 
 ch = start("baseline", profile_path, findings_path or None, plan_only, results_dir or None, out_dir or None,
@@ -124,7 +124,8 @@ if base:
         {"quantity": "FLOPs per step, 6N + 12Lhs", "value": f"{f['formula_per_step']:.4g}"},
         {"quantity": "counted / formula", "value": f"{f['ratio_counted_to_formula']:.3f}"},
         {"quantity": "achieved TFLOP/s", "value": f"{m['achieved_tflops']:.4g}"},
-        {"quantity": "MFU vs datasheet", "value": f"{m['mfu_datasheet']:.1%}" if m["mfu_datasheet"] is not None else m["peak_note"]},
+        {"quantity": "MFU vs datasheet",
+         "value": f"{m['mfu_datasheet']:.1%}" if m["mfu_datasheet"] is not None else m["peak_note"]},
         {"quantity": "MFU vs measured matmul ceiling", "value": f"{m['mfu_measured_ceiling']:.1%}"},
     ]))
 
@@ -193,8 +194,9 @@ else:
 
 # %%
 if interactive:
-    from preflight.widgets import amdahl_explorer
     from IPython.display import display
+
+    from preflight.widgets import amdahl_explorer
     display(amdahl_explorer(ts_m, tc_m, prof.gpus))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")

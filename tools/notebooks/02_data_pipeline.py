@@ -43,8 +43,8 @@ import os
 import pandas as pd
 
 from preflight import REPO, charts
-from preflight.chapter import start
 from preflight.bench import datapipe
+from preflight.chapter import start
 from preflight.chapters import data_pipeline as C
 from preflight.findings import judge
 from preflight.models import data as M
@@ -134,7 +134,8 @@ if pipe:
     c = r["consume"]
     print(f"device consumption: {c['samples_per_s']:,.0f} samples/s (batch {c['batch']}, step {c['step_s'] * 1e3:.2f} ms "
           f"on {c['device']}); one worker preprocesses {r['preprocessing']['per_worker_samples_per_s']:,.0f} samples/s "
-          f"({r['preprocessing']['per_sample_us']:.0f} us per sample) -> {M.workers_needed(c['samples_per_s'], r['preprocessing']['per_worker_samples_per_s'])} "
+          f"({r['preprocessing']['per_sample_us']:.0f} us per sample) -> "
+          f"{M.workers_needed(c['samples_per_s'], r['preprocessing']['per_worker_samples_per_s'])} "
           f"worker(s) for 1.2x")
     bp = C.break_points(st, r["preprocessing"], r["assembly"], c, r["h2d"], r["cores"])
     ch.table(bp)
@@ -161,6 +162,7 @@ if pipe:
 
 # %%
 from preflight.bench import loadtune
+
 
 def shards_dir():
     """The shards to tune on: the measured test set where it is on this machine, else made here."""

@@ -145,6 +145,7 @@ C.add_sweep_findings(ch.findings, prof, sweep,
 # %%
 from preflight.bench import overlap as bench_overlap
 
+
 def _overlap(mode):
     return ch.measurement(bench_overlap.METHOD, lambda: bench_overlap.measure(mode, quick=ch.quick), name=mode,
                           match=lambda r: r["results"].get("mode") == mode)

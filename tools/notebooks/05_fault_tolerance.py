@@ -127,10 +127,10 @@ else:
                      "first order": f"{R.first_order_waste(tau, C_s, R_s, m_s):.3%}",
                      "simulated (95 % CI)": f"{sim['waste']:.3%} ({sim['lo']:.3%} - {sim['hi']:.3%})"})
     ch.table(pd.DataFrame(rows))
-    print((f"The simulation cannot tell intervals from {C.duration(lo)} to {C.duration(hi)} apart: the minimum is flat, "
+    print(f"The simulation cannot tell intervals from {C.duration(lo)} to {C.duration(hi)} apart: the minimum is flat, "
            "so any interval in that range is as good." if resolved else
            "The simulation drew too few failures near the optimum to locate it (failures are rare at this MTBF); "
-           "Daly's model is exact for this process."))
+           "Daly's model is exact for this process.")
 
 # %%
 if interactive:

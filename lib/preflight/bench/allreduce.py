@@ -46,9 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.models.comm import busbw_factor, fit_alpha_beta, ring_allreduce_time
-
 from preflight.bench import exit_worker
+from preflight.models.comm import busbw_factor, fit_alpha_beta, ring_allreduce_time
 from preflight.records import Method
 
 METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"))
@@ -130,7 +129,7 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
 
     from preflight.bench.launch import init_distributed
     from preflight.device import probe
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     de, device = init_distributed()
     try:

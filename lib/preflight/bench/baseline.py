@@ -31,12 +31,12 @@ from preflight import hardware
 from preflight.bench import reference as ref
 from preflight.bench.categories import category_table, op_table, profiler_log_filtered
 from preflight.bench.ceilings import matmul_rate
-from preflight.device import default_device, device_name, launch_rank, on_device
 from preflight.bench.nvml import NvmlSampler
 from preflight.bench.savedtensors import SavedTensors
+from preflight.device import default_device, device_name, launch_rank, on_device
 from preflight.models.flops import mfu, train_flops_per_token
-from preflight.timing import StepTimer, synchronize
 from preflight.records import Method
+from preflight.timing import StepTimer, synchronize
 
 METHOD = Method("baseline", 1, required=("composition", "categories", "flops", "mfu", "memory", "throughput"))
 

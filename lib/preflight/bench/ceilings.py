@@ -25,8 +25,8 @@ import torch
 
 from preflight import hardware
 from preflight.device import default_device, device_name, launch_rank, local_rank, on_device
-from preflight.timing import time_fn
 from preflight.records import Method
+from preflight.timing import time_fn
 
 METHOD = Method("ceilings", 1, required=("matmul.tflops", "matmul.dtype", "matmul.n", "memcopy.GBps", "h2d"))
 
@@ -62,7 +62,7 @@ def matmul_rate(device, dtype=None, n: int | None = None) -> dict:
         c = torch.empty(n, n, device=dev, dtype=_DTYPES[name])
         t = time_fn(lambda: torch.matmul(a, b, out=c), device=dev, warmup=5 if gpu else 1,
                     repeats=20 if gpu else 5, min_time_s=0.5 if gpu else 0.2)
-        del a, b, c
+        a = b = c = None               # free the device memory now (not del: the lambda holds the names)
     flop = 2.0 * n ** 3
     peak = hardware.peak_tflops(device_name(dev), name) if gpu else None
     tflops = flop / t.median_s / 1e12
@@ -89,7 +89,7 @@ def memcopy_bandwidth(device, mbytes: float | None = None) -> dict:
         dst = torch.empty_like(src)
         t = time_fn(lambda: dst.copy_(src), device=dev, warmup=3 if gpu else 1,
                     repeats=20 if gpu else 5, min_time_s=0.2)
-        del src, dst
+        src = dst = None
     gbps = 2 * nbytes / t.median_s / 1e9
     chip = hardware.lookup(device_name(dev)) if gpu else None
     return {
@@ -119,7 +119,7 @@ def h2d_bandwidth(device, mbytes: float | None = None) -> dict:
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         t_page = time_fn(lambda: dst.copy_(pageable), device=dev, warmup=2, repeats=10)
         t_pin = time_fn(lambda: dst.copy_(pinned, non_blocking=True), device=dev, warmup=2, repeats=10)
-        del pageable, pinned, dst
+        pageable = pinned = dst = None
     page, pin = nbytes / t_page.median_s / 1e9, nbytes / t_pin.median_s / 1e9
     return {
         "available": True, "device": str(dev), "mbytes": mbytes,

@@ -58,8 +58,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from preflight.bench.ckptstate import (ASYNC, BATCH, DESCRIPTIONS, DIN, METHODS, Methods, Trainer, mlp_for,
-                                       one_checkpoint, quiet_dcp, state_bytes)
+from preflight.bench.ckptstate import (
+    ASYNC,
+    BATCH,
+    DESCRIPTIONS,
+    DIN,
+    METHODS,
+    Methods,
+    Trainer,
+    mlp_for,
+    one_checkpoint,
+    quiet_dcp,
+    state_bytes,
+)
 from preflight.records import Method
 
 __all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "QUICK_MB", "main",

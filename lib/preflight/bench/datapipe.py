@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from preflight.bench import samples as S
-
 from preflight.records import Method
 
 METHOD = Method("datapipe", 1, required=("dataset.shard_count", "dataset.params.files", "storage.filesystem",

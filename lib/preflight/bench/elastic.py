@@ -33,7 +33,8 @@ from preflight.bench.launch import free_port, run_torchrun
 from preflight.bench.trainloop import read_log
 from preflight.records import Method
 
-METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s", "time_to_regain_s", "final_loss_equal", "wall_s"))
+METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s",
+                                        "time_to_regain_s", "final_loss_equal", "wall_s"))
 TIMEOUT_S = 300
 
 

@@ -60,10 +60,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from preflight.bench.categories import (CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table,
-                                        profiler_log_filtered)
-from preflight.timing import summarize, synchronize, time_fn
+from preflight.bench.categories import CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table, profiler_log_filtered
 from preflight.records import Method
+from preflight.timing import summarize, synchronize, time_fn
 
 METHOD = Method("fusion", 1, required=("available",))
 
@@ -231,8 +230,7 @@ def measure_fusion(device=None, quick: bool = False) -> dict:
     p10, p90 per measurement), ``notes``. Compiled entries are None when ``available`` is False.
     Calls ``torch._dynamo.reset()`` first so repeated calls in one process recompile cleanly.
     """
-    from preflight.device import default_device
-    from preflight.device import probe
+    from preflight.device import default_device, probe
 
     info = probe()
     device = torch.device(device) if device is not None else default_device()   # LOCAL_RANK-aware
@@ -332,7 +330,7 @@ def categories_frame(result: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.fusion", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

@@ -75,7 +75,7 @@ def supply_rate(loader, batch: int, steps: int) -> float:
         next(it)
     t = time.perf_counter()
     n = 0
-    for b in itertools.islice(it, steps):
+    for _ in itertools.islice(it, steps):
         n += batch
     dt = time.perf_counter() - t
     del it

@@ -66,8 +66,8 @@ from preflight.bench.gptref import GPT, MemConfig, config_for, count_params, mak
 from preflight.bench.savedtensors import SavedTensors, saver_ops
 from preflight.device import default_device, on_device
 from preflight.models import memory as mm
-from preflight.timing import synchronize
 from preflight.records import Method
+from preflight.timing import synchronize
 
 METHOD = Method("memory", 1, required=("config", "states", "activations", "peak"))
 
@@ -287,7 +287,7 @@ def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = Non
 
 # ------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.memory", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

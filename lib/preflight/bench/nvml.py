@@ -83,7 +83,7 @@ class NvmlSampler:
         self._handle = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "NvmlSampler":
+    def __enter__(self) -> NvmlSampler:
         if not self._targets:
             return self
         try:

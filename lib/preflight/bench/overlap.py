@@ -259,7 +259,7 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
     import torch.distributed as dist
 
     from preflight.bench.launch import init_distributed
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     # real mode: a GPU per local rank, else the CPU (init_distributed); emulated mode: always the CPU
     de, device = init_distributed(use_gpu=mode == "real", timeout=datetime.timedelta(seconds=120))

@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from preflight.records import Method
 from preflight.sampling import LengthBucketSampler, pad_collate
 from preflight.timing import synchronize, time_fn
-from preflight.records import Method
 
 METHOD = Method("padding", 1, required=("rows", "config"))
 STRATEGIES = ("pad_dataset", "pad_batch", "bucketing")
@@ -176,8 +176,8 @@ def measure_padding(device=None, lengths=None, n: int | None = None, batch: int 
         "bucketing_speedup_vs_dataset": tps["bucketing"] / tps["pad_dataset"],
         "pad_batch_speedup_vs_dataset": tps["pad_batch"] / tps["pad_dataset"],
         "notes": [busy] if busy else [],
-        "config": {"n": len(lengths), "batch": batch, "n_buckets": n_buckets, "d_model": d_model, "layers": layers, "quick": quick,
-                   "repeats": repeats, "warmup_steps": warmup_steps, "seed": seed, "vocab": VOCAB,
+        "config": {"n": len(lengths), "batch": batch, "n_buckets": n_buckets, "d_model": d_model, "layers": layers,
+                   "quick": quick, "repeats": repeats, "warmup_steps": warmup_steps, "seed": seed, "vocab": VOCAB,
                    "lengths": length_spec, "median_len": statistics.median(lengths),
                    "mean_len": statistics.fmean(lengths), "max_len": max(lengths)},
     }
@@ -196,7 +196,7 @@ def format_table(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from preflight.device import probe
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.padding", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

@@ -37,9 +37,8 @@ from itertools import pairwise
 from pathlib import Path
 
 from preflight.bench import exit_worker
-from preflight.timing import synchronize
-
 from preflight.records import Method
+from preflight.timing import synchronize
 
 # One run (the torchrun worker) and the two measurements chapter 4 makes of such runs.
 METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"))

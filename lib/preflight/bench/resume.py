@@ -29,7 +29,8 @@ from pathlib import Path
 from preflight.bench.trainloop import PARTS, read_log
 from preflight.records import Method
 
-METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows", "curves"))
+METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows",
+                                      "curves"))
 TIMEOUT_S = 300
 
 

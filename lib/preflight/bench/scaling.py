@@ -90,7 +90,7 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
     import torch.distributed as dist
 
     from preflight.bench import reference as ref
-    from preflight.records import make_record, save_record
+    from preflight.records import save_record
 
     de, device = init_distributed()
     backend = dist.get_backend()

@@ -113,7 +113,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         3, "communication", "Communication vs computation", "communication not overlapped with compute",
         prefix="communication", old_prefixes=("comm",),
         audit=("preflight.chapters.communication",),
-        widgets="preflight.widgets.communication",      # still widgets/comm.py: the lead renames it
+        widgets="preflight.widgets.communication",
         models=("preflight.models.comm", "preflight.models.extrapolate"),
         bench=("preflight.bench.allreduce", "preflight.bench.overlap"),
         library=("preflight.hooks", "preflight.topology", "preflight.nccl_log"),

@@ -139,7 +139,8 @@ def schedule_timeline(p: int, m: int, schedule: str = "1f1b", v: int = 1, t_fwd:
 
     ``t_fwd``/``t_bwd``: time of one micro-batch through a stage's whole layer share; an interleaved
     chunk op takes ``t / v``. ``stage_scale``: p multipliers (1.5 = that stage is 1.5x slower).
-    Communication is free; ``fractions.Fraction`` times give exact arithmetic. Each stage runs its ops one at a time in its schedule's order (GPipe:
+    Communication is free; ``fractions.Fraction`` times give exact arithmetic. Each stage runs its ops
+    one at a time in its schedule's order (GPipe:
     all F then all B; 1F1B: ``p - s - 1`` warm-up forwards, alternate, cool-down; interleaved:
     Megatron-LM's order), each as soon as the stage is free and its dependencies are done: F of
     micro-batch j after F of j on the previous (virtual) stage, B of j after B of j on the next one

@@ -8,11 +8,11 @@ and a redraw costs tens of milliseconds on a CPU.
 The readout marks each number with ``data-key`` so a browser test can read it back.
 
 One module per chapter, named as the chapter (``preflight.chapters.registry``: ``baseline``,
-``data_pipeline``, ``comm`` (to be renamed ``communication``), ``load_balance``, ``fault_tolerance``)
+``data_pipeline``, ``communication``, ``load_balance``, ``fault_tolerance``)
 over the shared pattern in ``core``; everything is importable from ``preflight.widgets``.
 """
 from preflight.widgets.baseline import amdahl_explorer, memory_explorer  # noqa: F401
-from preflight.widgets.comm import allreduce_explorer  # noqa: F401
+from preflight.widgets.communication import allreduce_explorer  # noqa: F401
 from preflight.widgets.core import _log_slider, explorer, readout  # noqa: F401
 from preflight.widgets.data_pipeline import listing_explorer, supply_explorer  # noqa: F401
 from preflight.widgets.fault_tolerance import failure_explorer, interval_explorer  # noqa: F401

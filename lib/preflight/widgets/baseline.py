@@ -37,7 +37,8 @@ def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384) -> W.VBox:
             "speedup": ("Amdahl speedup S(N)", f"{s:.2f}x"),
             "efficiency": ("efficiency S(N)/N", f"{s / n_workers:.1%}"),
             "ceiling": ("ceiling 1 + Tc/Ts", "unbounded" if ceil == float("inf") else f"{ceil:.2f}x"),
-            "gustafson": ("Gustafson scaled speedup", f"{scaling.gustafson_speedup(scaling.serial_fraction(ts, tc), n_workers):.1f}x"),
+            "gustafson": ("Gustafson scaled speedup",
+                          f"{scaling.gustafson_speedup(scaling.serial_fraction(ts, tc), n_workers):.1f}x"),
         })
         return text, charts.amdahl_chart(ts, tc, n_max=max(n_workers, 1024), n_mark=n_workers)
 
