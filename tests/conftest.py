@@ -48,3 +48,30 @@ def run_cli(*args, cwd=None, timeout=900):
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".pytest_cache" / "inductor"))
     return subprocess.run([sys.executable, "-m", "preflight", *map(str, args)], cwd=cwd or REPO,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+CPU_RECORDS = REPO / "tests" / "data" / "cpu_records"
+
+
+def records_of_this_machine(tmp_path: Path) -> tuple[Path, Path]:
+    """tests/data/cpu_records (a real quick run on another 2-core CPU box) copied under ``tmp_path``
+    with each record's device set to this machine's, and the example profile with ``gpu: auto``:
+    the pair an audit accepts (a record must come from the device the profile describes; see
+    ``preflight.records.device_mismatch``). Returns (results folder, profile path)."""
+    import json
+    import shutil
+
+    import yaml
+
+    from preflight.device import probe
+
+    results = tmp_path / "cpu_records"
+    shutil.copytree(CPU_RECORDS, results)
+    here = probe().as_dict()
+    for p in results.rglob("*.json"):
+        rec = json.loads(p.read_text())
+        rec["device"] = here
+        p.write_text(json.dumps(rec, indent=1))
+    profile = tmp_path / "auto.yaml"
+    profile.write_text(yaml.safe_dump(example_with(cluster__gpu="auto")))
+    return results, profile

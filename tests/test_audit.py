@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from conftest import EXAMPLE, REPO, example_with, run_cli
+from conftest import EXAMPLE, REPO, example_with, records_of_this_machine, run_cli
 from preflight.report import external_refs
 
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
@@ -207,7 +207,7 @@ def test_recorded_scaling_points_are_used(tmp_path):
 
     prof = _write_profile(tmp_path, cluster__nodes=8)           # 64 GPUs
     res = tmp_path / "results"
-    dev = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "label": "NVIDIA H100 80GB HBM3 (GPU)"}
+    dev = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "label": "NVIDIA H100 80GB HBM3 (GPU)", "table_key": "H100-SXM"}
     for n, step_s in ((1, 1.0), (8, 1.05), (64, 1.4)):     # efficiency at 64 = 1.0 / 1.4 = 0.714
         res_n = {"world_size": n, "nodes": max(1, n // 8), "unit": "GPUs (nccl)", "step_s": step_s,
                  "samples_per_s": 8 * n / step_s, "tokens_per_s": 8 * 2048 * n / step_s}
@@ -240,7 +240,8 @@ def test_failing_chapter_still_yields_the_rest(tmp_path):
 
 def test_recorded_results_replace_live_measurement(tmp_path):
     out = tmp_path / "o"
-    r = run_cli("audit", EXAMPLE, "--out", out, "--results", REPO / "tests" / "data" / "cpu_records")
+    results, profile = records_of_this_machine(tmp_path)
+    r = run_cli("audit", profile, "--out", out, "--results", results)
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(out))
     for fid in ("baseline/throughput", "baseline/memory_bound_share", "baseline/fusion_speedup",
@@ -258,13 +259,14 @@ def test_recorded_results_replace_live_measurement(tmp_path):
 def test_relative_results_path_and_no_stale_charts(tmp_path):
     """A relative --results is taken from the caller's folder (the notebooks run in playbook/);
     a later plan-only run into the same folder leaves no chart of the measured run behind."""
-    shutil.copytree(REPO / "tests" / "data" / "cpu_records", tmp_path / "results")
-    r = run_cli("audit", EXAMPLE, "--out", "o", "--results", "results", cwd=tmp_path)
+    records, profile = records_of_this_machine(tmp_path)
+    records.rename(tmp_path / "results")
+    r = run_cli("audit", profile, "--out", "o", "--results", "results", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     f = _by_id(_summary(tmp_path / "o"))
     assert f["baseline/throughput"]["source"].startswith("recorded")
     assert (tmp_path / "o" / "charts" / "baseline--step_composition.svg").exists()
-    r = run_cli("audit", EXAMPLE, "--out", "o", "--plan-only", cwd=tmp_path)
+    r = run_cli("audit", profile, "--out", "o", "--plan-only", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "o" / "charts" / "baseline--step_composition.svg").exists()
     assert (tmp_path / "o" / "charts" / "baseline--amdahl.svg").exists()

@@ -33,7 +33,7 @@ from browser_helpers import (
     number,
     skip_reason,
 )
-from conftest import run_cli
+from conftest import records_of_this_machine, run_cli
 from preflight.chapters.registry import CHAPTERS as REGISTRY
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -49,7 +49,8 @@ ERROR_TEXT = re.compile(r"Traceback|\b\w*Error\b|\b\w*Exception\b|\bERROR\b")
 def test_report_offline(tmp_path):
     out = tmp_path / "report"
     t0 = time.monotonic()
-    r = run_cli("audit", "data/profiles/example.yaml", "--out", out, "--results", "tests/data/cpu_records")
+    results, profile = records_of_this_machine(tmp_path)       # the example, gpu: auto, records of this box
+    r = run_cli("audit", profile, "--out", out, "--results", results)
     audit_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     index = out / "index.html"
