@@ -99,3 +99,14 @@ def test_unreadable_files_are_skipped(tmp_path):
     (tmp_path / "torn.json").write_text('{"method": "demo", "results": ')
     save_record(rec(), tmp_path)
     assert [r["method"] for r in load_records(tmp_path, "demo")] == ["demo"]
+
+
+def test_a_newer_misfit_is_named_while_an_older_record_is_used(tmp_path, capsys):
+    results = tmp_path / "results"
+    save_record(rec(date="2026-01-01T00:00:00+00:00", device=H100), results, name="old")     # the profile: H100-SXM
+    save_record(rec(date="2026-02-01T00:00:00+00:00", device=H100, method_version=1), results, name="new")
+    ch = start("baseline", REPO / "data" / "profiles" / "example.yaml", plan_only=True, results_dir=str(results))
+    m = ch.measurement(M, run=lambda: pytest.fail("must not measure"))
+    assert m.origin == "recorded" and "demo-old.json" in m.source
+    assert "record not used: demo-new.json: method version 1" in capsys.readouterr().out
+    assert ch.measurements[-1]["refused"] == ["demo-new.json: method version 1, this Preflight reads version 2"]

@@ -18,7 +18,7 @@ from preflight import REPO, charts
 from preflight.findings import FindingSink
 from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile, load_profile
-from preflight.records import Method, load_records, make_record, save_record
+from preflight.records import Method, load_records, save_record
 
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
@@ -119,29 +119,21 @@ class Chapter:
 
         Every call is logged (``out_dir/measurements/<chapter>.json``: method, where it came from,
         the record's file, what was wrong with the ones refused)."""
-        problems = []
-        if self.results_dir:
-            recs = [r for r in load_records(self.results_dir, method.name) if match is None or match(r)]
-            for rec in reversed(recs):                                   # newest first
-                why = method.check(rec, self.expected_device)
-                if not why:
-                    dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
-                    m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, "
-                                                 f"{str(rec.get('date', '?'))[:10]})", rec, "recorded")
-                    self._log(method, name, "recorded", m.source, problems, rec["_path"])
-                    return m
-                problems.append(f"{Path(rec['_path']).name}: " + "; ".join(why))
-            for p in problems:
-                print(f"record not used: {p}")
-            if not recs:
-                print(f"no {method.name} record in {self.results_dir}")
+        fit, problems = self._recorded(method, match)
+        if fit:
+            rec = fit[-1]                                                    # the newest that fits
+            dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
+            m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, "
+                                         f"{str(rec.get('date', '?'))[:10]})", rec, "recorded")
+            self._log(method, name, "recorded", m.source, problems, rec["_path"])
+            return m
         if not self.measure:
             self._log(method, name, "not measured", "not measured", problems)
             return None
-        if problems or self.results_dir:
+        if self.results_dir:
             print(f"{method.name}: measuring live on {self.device.label} instead")
         results = run()
-        rec = make_record(method.name, method.version, {"quick": self.quick}, results, self.device.as_dict())
+        rec = method.record({"quick": self.quick}, results, self.device.as_dict())
         path = save_record(rec, self.out_dir / "records", name=name) if self.out_dir else None
         m = Measured(results, f"measured on {self.device.label}", rec)
         self._log(method, name, "live", m.source, problems, str(path) if path else None)
@@ -152,24 +144,12 @@ class Chapter:
         """Like ``measurement`` for a method measured as several records (one per scaling stage, one
         per pipeline run): every fitting record of ``method`` in ``results_dir``, else the records
         ``run()`` returns (live), else None. ``results["records"]``: the records, oldest first."""
-        problems, fit = [], []
-        if self.results_dir:
-            for rec in load_records(self.results_dir, method.name):
-                if match is not None and not match(rec):
-                    continue
-                why = method.check(rec, self.expected_device)
-                if why:
-                    problems.append(f"{Path(rec['_path']).name}: " + "; ".join(why))
-                else:
-                    fit.append(rec)
-            for p in problems:
-                print(f"record not used: {p}")
-            if fit:
-                names = ", ".join(Path(r["_path"]).name for r in fit)
-                m = Measured({"records": fit}, f"recorded ({names})", {}, "recorded")
-                self._log(method, None, "recorded", m.source, problems, [r["_path"] for r in fit])
-                return m
-            print(f"no usable {method.name} record in {self.results_dir}")
+        fit, problems = self._recorded(method, match)
+        if fit:
+            names = ", ".join(Path(r["_path"]).name for r in fit)
+            m = Measured({"records": fit}, f"recorded ({names})", {}, "recorded")
+            self._log(method, None, "recorded", m.source, problems, [r["_path"] for r in fit])
+            return m
         if not self.measure:
             self._log(method, None, "not measured", "not measured", problems)
             return None
@@ -180,6 +160,26 @@ class Chapter:
         m = Measured({"records": recs}, f"measured on {self.device.label}", {})
         self._log(method, None, "live", m.source, problems, [r.get("_path") for r in recs])
         return m
+
+    def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
+        """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record
+        that does not (printed in the chapter: file, and why)."""
+        if not self.results_dir:
+            return [], []
+        fit, problems = [], []
+        for rec in load_records(self.results_dir, method.name):
+            if match is not None and not match(rec):
+                continue
+            why = method.check(rec, self.expected_device)
+            if why:
+                problems.append(f"{Path(rec['_path']).name}: " + "; ".join(why))
+            else:
+                fit.append(rec)
+        for p in problems:
+            print(f"record not used: {p}")
+        if not fit:
+            print(f"no usable {method.name} record in {self.results_dir}")
+        return fit, problems
 
     def _log(self, method: Method, name, origin: str, source: str, problems: list[str], path=None) -> None:
         self.measurements.append({"method": method.name, "method_version": method.version, "name": name,
