@@ -1,14 +1,22 @@
-"""A real single-node Slurm cluster for the tests (a helper, not a test file).
+"""A real Slurm cluster on this host for the tests, one node or several (a helper, not a test file).
 
-``slurm_cluster(tmpdir)`` starts munged, slurmctld and slurmd with every state / spool / log / pid
-path under ``tmpdir`` and yields a :class:`SlurmCluster`; on the way out (always, also on errors and
-timeouts) it cancels the jobs, stops the daemons (the pids they were started with and wrote into their
-pid files) and then kills whatever is left that carries this cluster's ``SLURM_CONF`` in its
-environment (slurmstepd, job processes), so no process outlives the test.
+``slurm_cluster(tmpdir, nodes=N)`` starts munged, slurmctld and one slurmd per node with every state /
+spool / log / pid path under ``tmpdir`` and yields a :class:`SlurmCluster`; on the way out (always,
+also on errors and timeouts) it cancels the jobs, stops the daemons (the pids they were started with
+and wrote into their pid files) and then kills whatever is left that carries this cluster's
+``SLURM_CONF`` in its environment (slurmstepd, job processes), so no process outlives the test.
 
-    with slurm_cluster(tmp_path) as cluster:
+    with slurm_cluster(tmp_path) as cluster:                # one node: this host
         job = cluster.submit(script, "--time=2", env={"CKPT_DIR": str(ckpt)})
         cluster.wait(job, {"COMPLETED"}, timeout=300)
+    with slurm_cluster(tmp_path, nodes=2) as cluster:       # nodes n1, n2, both on this host
+        cluster.run("srun", "-N2", "hostname")
+
+Several nodes on one host (field notes, "Two Slurm nodes on one host"): Debian's slurmd takes
+``-N NODENAME``, so one daemon per node name, each with its own ``Port=`` on 127.0.0.1,
+``NodeHostname=`` this host, and ``%n`` (the node name) in its spool, pid and log paths. Slurm then
+schedules, launches and signals across n1, n2, ... exactly as across machines; only the network is
+loopback. Each node declares ``CPUs=1`` (honest on a 2-core box: no cgroups enforce it anyway).
 
 The configuration is the one recorded in /work/shared/field-notes.md ("Slurm"): root runs everything
 (SlurmUser root), munge with its own key and socket, ``proctrack/linuxproc`` + ``task/none`` (no
@@ -39,7 +47,7 @@ from preflight.bench.launch import free_ports
 
 SKIP_REASON = ("Slurm tests need root and Debian's slurmctld slurmd slurm-client munge: run `make test` "
                "as root (it installs them) or apt-get install them")
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel", "squeue")
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
@@ -75,16 +83,22 @@ def _parse_kv(line: str) -> dict[str, str]:
 
 
 class SlurmCluster:
-    """One running single-node cluster; see the module docstring."""
+    """One running cluster of ``nodes`` nodes on this host; see the module docstring."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, nodes: int = 1):
+        if nodes < 1:
+            raise ValueError(f"nodes = {nodes}: at least 1")
         self.root = Path(root)
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        # one node: this host by its name (as on a workstation); several: n1, n2, ... on this host
+        self.nodes = [self.host] if nodes == 1 else [f"n{i}" for i in range(1, nodes + 1)]
+        self.node = self.nodes[0]
         self.conf = self.root / "etc" / "slurm.conf"
         self.log_dir = self.root / "log"
         self.run_dir = self.root / "run"
         self.jobcomp = self.root / "jobcomp.log"
-        self.ctld_port, self.slurmd_port = free_ports(2)
+        self.ctld_port, *self.slurmd_ports = free_ports(1 + nodes)
+        self.slurmd_port = self.slurmd_ports[0]
         self.env = dict(os.environ)
         self.env["PATH"] = os.pathsep.join([self.env.get("PATH", ""), *_SBIN])
         self.env["SLURM_CONF"] = str(self.conf)
@@ -117,14 +131,22 @@ class SlurmCluster:
         self.munge_key = self.root / "munge" / "munge.key"
         self.munge_key.write_bytes(secrets.token_bytes(1024))
         os.chmod(self.munge_key, 0o400)
-        node_line = self._node_line()
         r = self.root
+        if len(self.nodes) == 1:
+            nodes = self._node_line()
+            per_node = (f"SlurmdPort={self.slurmd_port}\nSlurmdSpoolDir={r}/spool\nSlurmdPidFile={r}/run/slurmd.pid\n"
+                        f"SlurmdLogFile={r}/log/slurmd.log")
+        else:           # %n: the node name, so that each slurmd of this host has its own files
+            nodes = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
+                              "State=UNKNOWN" for n, port in zip(self.nodes, self.slurmd_ports))
+            per_node = (f"SlurmdSpoolDir={r}/spool-%n\nSlurmdPidFile={r}/run/slurmd-%n.pid\n"
+                        f"SlurmdLogFile={r}/log/slurmd-%n.log")
         self.conf.write_text(f"""\
-# written by tests/slurm_cluster.py: single node, everything as root, no cgroups, no database
+# written by tests/slurm_cluster.py: {len(self.nodes)} node(s) on this host, everything as root, no cgroups,
+# no database
 ClusterName=preflight
-SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
-SlurmdPort={self.slurmd_port}
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmUser=root
 SlurmdUser=root
@@ -132,11 +154,9 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket},cred_expire=10
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
 SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={r}/run/slurmd.pid
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+{per_node}
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -153,8 +173,8 @@ MailProg=/bin/true
 ReturnToService=2
 MinJobAge=600
 KillWait=10
-{node_line}
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
 
     def _node_line(self) -> str:
@@ -192,17 +212,26 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                                f"--seed-file={self.root}/munge/munged.seed"])
         self._until(lambda: self.munge_socket.exists(), timeout, "munged socket")
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
-        self._spawn("slurmd", [_which("slurmd"), "-D", "-f", str(self.conf)])
-        self._until(lambda: self._sinfo_state() == "idle", timeout - (time.monotonic() - t0), "node idle")
+        for name in self._slurmd_names():
+            node = [] if len(self.nodes) == 1 else ["-N", name.removeprefix("slurmd-")]
+            self._spawn(name, [_which("slurmd"), "-D", "-f", str(self.conf), *node])
+        self._until(lambda: set(self.node_states().values()) == {"idle"} and len(self.node_states()) == len(self.nodes),
+                    timeout - (time.monotonic() - t0), "node idle")
         self.bringup_s = time.monotonic() - t0
         return self
 
-    def _sinfo_state(self) -> str:
+    def _slurmd_names(self) -> list[str]:
+        """Our names for the slurmd daemons (and their pid files): slurmd, or slurmd-n1, slurmd-n2, ..."""
+        return ["slurmd"] if len(self.nodes) == 1 else [f"slurmd-{n}" for n in self.nodes]
+
+    def node_states(self) -> dict[str, str]:
+        """``{node: state}`` from sinfo (idle, allocated, down, ...; {} when slurmctld does not answer)."""
         try:
-            r = self.run("sinfo", "-h", "-o", "%T", timeout=10)
+            r = self.run("sinfo", "-h", "-N", "-o", "%N %T", timeout=10)
         except subprocess.TimeoutExpired:
-            return ""
-        return r.stdout.strip().rstrip("*~#")
+            return {}
+        pairs = (ln.split() for ln in r.stdout.splitlines() if len(ln.split()) == 2)
+        return {n: t.rstrip("*~#") for n, t in pairs}
 
     def _until(self, ok, timeout: float, what: str, every: float = 0.25) -> None:
         deadline = time.monotonic() + max(timeout, 1)
@@ -232,14 +261,18 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
     def stop(self) -> None:
         """Cancel jobs, stop the daemons, kill leftovers. Safe to call twice, never raises."""
         with contextlib.suppress(Exception):
-            if self._jobs and "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
-                self.run("scancel", *self._jobs, timeout=10)
+            if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
+                # ours by submit(), and any other job of this cluster (e.g. a `sbatch --wait` a test ran)
+                queued = self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.split()
+                jobs = sorted(set(self._jobs) | set(queued))
+                if jobs:
+                    self.run("scancel", *jobs, timeout=10)
                 deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and any(
-                        self.job_state(j) in ("RUNNING", "COMPLETING", "CONFIGURING") for j in self._jobs):
+                while jobs and time.monotonic() < deadline and any(
+                        self.job_state(j) in ("RUNNING", "COMPLETING", "CONFIGURING") for j in jobs):
                     time.sleep(0.5)
         pids = {}
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*self._slurmd_names(), "slurmctld", "munged"):
             p = self._procs.get(name)
             pid = p.pid if p else None
             with contextlib.suppress(OSError, ValueError):
@@ -331,8 +364,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def diagnostics(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log", "munged.log", "slurmctld.stdout", "slurmd.stdout",
-                     "munged.stdout"):
+        daemons = ("slurmctld", *self._slurmd_names(), "munged")
+        for name in [f"{d}.log" for d in daemons] + [f"{d}.stdout" for d in daemons]:
             p = self.log_dir / name
             if p.exists():
                 parts.append(f"--- {name} (tail)\n{_tail(p)}")
@@ -340,12 +373,13 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
 
 @contextlib.contextmanager
-def slurm_cluster(tmpdir, timeout: float = 90):
-    """Start a cluster under ``tmpdir`` (pytest.skip when this machine cannot); stop it on exit."""
+def slurm_cluster(tmpdir, timeout: float = 90, nodes: int = 1):
+    """Start a cluster of ``nodes`` nodes under ``tmpdir`` (pytest.skip when this machine cannot);
+    stop it on exit."""
     why = missing()
     if why:
         pytest.skip(why)
-    cluster = SlurmCluster(Path(tmpdir))
+    cluster = SlurmCluster(Path(tmpdir), nodes=nodes)
     try:
         cluster.start(timeout=timeout)
         yield cluster

@@ -12,6 +12,7 @@ from preflight.report import external_refs
 
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
            "baseline/fusion_speedup", "baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
+           "baseline/gustafson_speedup_at_target", "baseline/implied_mfu",
            "baseline/scaling_efficiency_at_target", "baseline/memory_per_gpu", "baseline/memory_weights",
            "baseline/memory_grads", "baseline/memory_optimizer", "baseline/memory_activations", "baseline/memory_fits",
            "baseline/memory_model_error"}
@@ -94,12 +95,15 @@ def test_plan_only_audit(tmp_path):
     assert CH1_IDS <= set(f)
     for x in f.values():
         assert {"id", "value", "unit", "verdict", "threshold", "message", "fix", "source"} <= set(x)
-    # the field report's numbers: ceiling (0.09 + 0.8) / 0.09 = 9.9x, far under 1024 GPUs
+    # the field report's numbers: Amdahl's ceiling (0.09 + 0.8) / 0.09 = 9.9x is shown (info: the example
+    # scales weakly), Gustafson's 921x at 1024 GPUs decides; the rail-aware all-reduce gives 75 %
     assert f["baseline/amdahl_max_speedup"]["value"] == pytest.approx(0.89 / 0.09)
-    assert f["baseline/amdahl_max_speedup"]["verdict"] == "fail"
+    assert f["baseline/amdahl_max_speedup"]["verdict"] == "info"
     assert f["baseline/amdahl_speedup_at_target"]["value"] == pytest.approx(0.89 / (0.09 + 0.8 / 1024))
+    assert f["baseline/gustafson_speedup_at_target"]["verdict"] == "pass"
+    assert f["baseline/implied_mfu"]["verdict"] == "pass" and 0.24 < f["baseline/implied_mfu"]["value"] < 0.26
     eff = f["baseline/scaling_efficiency_at_target"]
-    assert eff["value"] < 0.30 and eff["verdict"] == "fail" and eff["source"] == "computed from profile"
+    assert 0.70 < eff["value"] < 0.80 and eff["verdict"] == "warn" and eff["source"] == "computed from profile"
     # the memory plan: 16 bytes per parameter + activations of 4096-token sequences do not fit 80 GB
     assert f["baseline/memory_fits"]["verdict"] == "fail" and "ZeRO-1" in f["baseline/memory_fits"]["fix"]
     assert f["baseline/memory_model_error"]["value"] is None
@@ -110,10 +114,12 @@ def test_plan_only_audit(tmp_path):
     assert f["data_pipeline/listing_s_at_profile"]["value"] == pytest.approx(5000.0)
     assert f["data_pipeline/listing_s_at_profile"]["verdict"] == "fail"
     assert f["data_pipeline/headroom"]["value"] is None
-    # chapter 3: the field report's 56 GB and > 2 s per step, from the profile alone
+    # chapter 3: the field report's 56 GB per rank, from the profile alone; NCCL's rings on 8 NICs per node
+    # take ~0.3 s (the field report's flat 2.26 s is in the message, beside it)
     assert CH3_IDS <= set(f)
     assert 55e9 < f["communication/allreduce_bytes_per_rank"]["value"] < 57e9
-    assert f["communication/allreduce_s"]["value"] > 2 and f["communication/comm_compute_ratio"]["verdict"] == "fail"
+    assert 0.29 < f["communication/allreduce_s"]["value"] < 0.31 and "2.26 s" in f["communication/allreduce_s"]["message"]
+    assert f["communication/comm_compute_ratio"]["verdict"] == "pass"
     assert f["communication/measured_busbw"]["value"] is None
     # chapter 4: padding of the profile's lognormal lengths, no pipeline in the example (pp=1)
     assert CH4_IDS <= set(f)

@@ -331,19 +331,20 @@ def _check_allreduce(page) -> Explorer:
     sl, dd, r = s["sliders"], s["dropdowns"], s["readout"]
     d = 2 ** int(number(sl["log2 D (DP ranks)"]))
     assert d == 2 ** (int(number(s0["sliders"]["log2 D (DP ranks)"])) - 1)
-    dtype, tier = dd["gradient dtype"], dd["inter-node tier"]
+    dtype, tier, nics = dd["gradient dtype"], dd["inter-node tier"], int(dd["NICs per node"])
 
     def plan(m, d, c):          # the library's plan at the shown position (the notebook's tp, pp and cluster)
         return comm.allreduce_plan(m, d, dtype, tr.tp, tr.pp, gpus_per_node=cl.gpus_per_node,
                                    intra_node_GBps=cl.intra_node_GBps, inter_node_Gbps=8 * LINK_TIERS_GBps[tier],
-                                   compute_s=c, serial_s=tr.step_serial_s)
+                                   nics_per_node=nics, microbatches=tr.microbatches, compute_s=c,
+                                   serial_s=tr.step_serial_s)
 
     m, c = (sl["parameters M"], 3), (sl["compute per step (s)"], 3)        # readout_format ".3g"
     assert number(m[0]) > number(s0["sliders"]["parameters M"])
     inputs = {"m": m, "d": d, "c": c}
     assert_shown(r["bytes"], lambda m, d, c: plan(m, d, c).bytes_per_rank / 1e9, inputs, "bytes")
-    assert_shown(r["flat_s"], lambda m, d, c: plan(m, d, c).flat_s, inputs, "flat ring time")
-    assert_shown(r["hier_s"], lambda m, d, c: plan(m, d, c).hierarchical_s, inputs, "hierarchical time")
+    assert_shown(r["time_s"], lambda m, d, c: plan(m, d, c).time_s, inputs, "all-reduce time")
+    assert_shown(r["flat_s"], lambda m, d, c: plan(m, d, c).flat_s, inputs, "flat arithmetic")
     assert_shown(r["ratio"], lambda m, d, c: plan(m, d, c).ratio, inputs, "comm/compute")
     assert r["link"] == plan(number(m[0]), d, number(c[0])).link_why, r["link"]
     return ex

@@ -26,10 +26,51 @@ def test_plan_findings_of_the_example():
     sink = FindingSink()
     B.add_plan_findings(sink, p, B.plan_curve(p))
     f = _ids(sink)
+    # weak scaling (the example's policy): Gustafson decides, Amdahl's values stay as info
     assert f["baseline/amdahl_max_speedup"].value == pytest.approx(1 + 0.8 / 0.09)
-    assert f["baseline/amdahl_max_speedup"].verdict == "fail"
-    assert f["baseline/scaling_efficiency_at_target"].verdict == "fail"
-    assert "2.26 s in gradient all-reduce" in f["baseline/scaling_efficiency_at_target"].message
+    assert f["baseline/amdahl_max_speedup"].verdict == "info"
+    assert f["baseline/amdahl_speedup_at_target"].value == pytest.approx(0.89 / (0.09 + 0.8 / 1024))
+    assert f["baseline/amdahl_speedup_at_target"].verdict == "info"
+    g = f["baseline/gustafson_speedup_at_target"]
+    assert g.value == pytest.approx(1024 - 0.09 / 0.89 * 1023) and g.verdict == "pass"       # ~920x, 90 %
+    assert f"{g.value:.0f}" == "921"
+    # rail-aware all-reduce 0.3 s (flat 2.26 s beside it): 75 % efficiency, a warn
+    eff = f["baseline/scaling_efficiency_at_target"]
+    assert eff.verdict == "warn" and eff.value == pytest.approx(0.89 / (0.89 + 0.3001865625))
+    assert "0.3 s in gradient all-reduce" in eff.message and "flat arithmetic 2.26 s" in eff.message
+    # one 4096-token sequence of a 7B model in 0.8 s on an H100: 25 % of the dense bf16 peak
+    mfu = f["baseline/implied_mfu"]
+    assert mfu.value == pytest.approx((6 * 7e9 + 12 * 32 * 4096 * 4096) * 4096 / 0.8 / 989.5e12, rel=1e-3)
+    assert mfu.verdict == "pass" and 0.24 < mfu.value < 0.26
+
+
+def test_the_old_example_plan_is_physically_impossible():
+    """8 micro-batches of 4096 tokens in 0.8 s: ~200 % of an H100's dense bf16 peak."""
+    p = load_profile(EXAMPLE)
+    old = p.model_copy(update={"training": p.training.model_copy(update={"microbatches": 8})})
+    sink = FindingSink()
+    B.add_plan_findings(sink, old, B.plan_curve(old))
+    mfu = _ids(sink)["baseline/implied_mfu"]
+    assert mfu.verdict == "fail" and 1.95 < mfu.value < 2.05
+    assert "Impossible" in mfu.message and "training.step_compute_s" in mfu.message
+    # a chip without a known peak: not judged, said so
+    sink = FindingSink()
+    B.add_plan_findings(sink, old, B.plan_curve(old), gpu_key="some unknown chip")
+    mfu = _ids(sink)["baseline/implied_mfu"]
+    assert mfu.verdict == "info" and mfu.value is None and "unknown" in mfu.message
+
+
+def test_strong_scaling_lets_amdahl_decide():
+    p = load_profile(EXAMPLE)
+    strong = p.model_copy(update={"training": p.training.model_copy(update={"scaling": "strong"})})
+    sink = FindingSink()
+    B.add_plan_findings(sink, strong, B.plan_curve(strong))
+    f = _ids(sink)
+    assert f["baseline/amdahl_max_speedup"].verdict == "fail"            # 9.9x against 1024 GPUs
+    assert f["baseline/amdahl_speedup_at_target"].verdict == "fail"
+    assert f["baseline/gustafson_speedup_at_target"].verdict == "info"
+    # the step is the work all GPUs share: 0.8 s / 1024 of compute each, FLOPs of the whole global batch
+    assert f["baseline/implied_mfu"].verdict == "fail"
 
 
 def test_a_healthy_plan_passes():
@@ -39,7 +80,8 @@ def test_a_healthy_plan_passes():
     sink = FindingSink()
     B.add_plan_findings(sink, p, B.plan_curve(p))
     f = _ids(sink)
-    assert f["baseline/amdahl_max_speedup"].verdict == "pass"          # 1001x >= 2 x 8
+    assert f["baseline/amdahl_max_speedup"].value == pytest.approx(1001)          # >= 2 x 8, info (weak)
+    assert f["baseline/gustafson_speedup_at_target"].verdict == "pass"
     assert f["baseline/scaling_efficiency_at_target"].verdict == "pass"
 
 

@@ -4,46 +4,78 @@ import pytest
 from conftest import EXAMPLE
 from preflight.chapters import communication as C
 from preflight.findings import FindingSink
-from preflight.models import comm
 from preflight.profile import load_profile
 
 
-def test_field_case_56_GB_and_over_2_s():
+def test_field_case_56_GB_rail_aware_and_flat():
     p = C.plan(load_profile(EXAMPLE))
     # 2 x 7e9 x 1023/1024 x 4 B
     assert p["bytes_per_rank"] == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
     assert 55e9 < p["bytes_per_rank"] < 57e9
-    # 2 x 1023/1024 x 28 GB / 25 GB/s + 2 x 1023 x 10 us
+    # one NIC per GPU: 8 rings leave each node through 8 NICs: busbw 8 x 25 GB/s
+    assert p["busbw_GBps"] == 200.0
+    assert p["time_s"] == pytest.approx(2 * 1023 / 1024 * 28e9 / 200e9 + 2 * 1023 * 10e-6)
+    # the field report's arithmetic, beside it: 2 x 1023/1024 x 28 GB / 25 GB/s + 2 x 1023 x 10 us
     assert p["flat_s"] == pytest.approx(2 * 1023 / 1024 * 28e9 / 25e9 + 2 * 1023 * 10e-6)
-    assert p["flat_s"] > 2
-    assert p["ratio"] == pytest.approx(p["flat_s"] / 0.8)
-    assert p["efficiency_no_overlap"] == pytest.approx(0.89 / (0.89 + p["flat_s"]))
-    assert p["efficiency_full_overlap"] == pytest.approx(0.89 / (0.89 + p["flat_s"] - 0.8 * 2 / 3))
+    assert p["flat_s"] > 2 > 0.4 > p["time_s"]
+    assert p["ratio"] == pytest.approx(p["time_s"] / 0.8)
+    assert p["efficiency_no_overlap"] == pytest.approx(0.89 / (0.89 + p["time_s"]))
+    assert p["microbatches"] == 1 and p["efficiency_full_overlap"] == 1.0       # 0.3 s under 0.53 s of backward
 
 
-def test_hierarchical_moves_one_shard_per_gpu_across_nodes():
-    # 28 GB over 8 GPUs x 128 nodes: NVLink ring of 8, then a ring of 128 on 28/8 GB
-    t = comm.hierarchical_allreduce_time(28e9, 8, 128, 450, 25, 5e-6, 10e-6)
-    intra = 2 * 7 / 8 * 28e9 / 450e9 + 2 * 7 * 5e-6
-    inter = 2 * 127 / 128 * 3.5e9 / 25e9 + 2 * 127 * 10e-6
-    assert t == pytest.approx(intra + inter)
-    assert comm.hierarchical_allreduce_time(28e9, 8, 1, 450, 25) == pytest.approx(2 * 7 / 8 * 28e9 / 450e9)
-    p = C.plan(load_profile(EXAMPLE))
-    assert p["hierarchical_s"] == pytest.approx(t)
-    assert p["hierarchical_s"] < p["flat_s"] / 4
-
-
-def test_plan_findings_fail_the_field_case():
+def test_plan_findings_of_the_field_case():
     sink = FindingSink(None, "communication")
     C.add_plan_findings(sink, load_profile(EXAMPLE))
     C.add_topology_finding(sink, load_profile(EXAMPLE))
     f = {x.id: x for x in sink.findings}
+    assert f["communication/comm_compute_ratio"].verdict == "pass"
+    assert f["communication/efficiency_no_overlap"].verdict == "warn"           # 75 %
+    assert f["communication/efficiency_full_overlap"].verdict == "pass"
+    assert f["communication/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
+    assert f["communication/allreduce_s"].value == pytest.approx(C.plan(load_profile(EXAMPLE))["time_s"])
+    assert f["communication/topology"].verdict == "pass"
+    msg = f["communication/allreduce_s"].message
+    assert "busbw 200 GB/s" in msg and "Flat arithmetic 2.26 s" in msg and "one 200 Gb/s NIC per node" in msg
+
+
+def test_one_nic_per_node_fails_as_the_field_report_says():
+    prof = load_profile(EXAMPLE)
+    one = prof.model_copy(update={"cluster": prof.cluster.model_copy(update={"nics_per_node": 1})})
+    sink = FindingSink(None, "communication")
+    p = C.add_plan_findings(sink, one)
+    f = {x.id: x for x in sink.findings}
+    assert p["time_s"] == pytest.approx(p["flat_s"]) and f"{p['time_s']:.3g}" == "2.26"
     assert f["communication/comm_compute_ratio"].verdict == "fail"
     assert f["communication/efficiency_no_overlap"].verdict == "fail"
-    assert f["communication/efficiency_full_overlap"].verdict == "fail"
-    assert f["communication/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
-    assert f["communication/topology"].verdict == "pass"
-    assert "hierarchical" in f["communication/allreduce_s"].message
+
+
+def test_accumulation_shrinks_what_overlap_can_hide():
+    prof = load_profile(EXAMPLE)
+    acc = prof.model_copy(update={"training": prof.training.model_copy(update={"microbatches": 8})})
+    p, q = C.plan(prof), C.plan(acc)
+    assert q["hide_window_s"] == pytest.approx(p["hide_window_s"] / 8)
+    assert q["efficiency_full_overlap"] < p["efficiency_full_overlap"]
+    sink = FindingSink(None, "communication")
+    C.add_plan_findings(sink, acc)
+    assert "only the last one's backward" in {x.id: x for x in sink.findings}["communication/comm_compute_ratio"].message
+
+
+def test_strong_scaling_divides_the_step_over_the_gpus():
+    prof = load_profile(EXAMPLE)
+    strong = prof.model_copy(update={"training": prof.training.model_copy(update={"scaling": "strong"})})
+    assert strong.gpu_step_s == (0.09, pytest.approx(0.8 / 1024))
+    assert C.plan(strong)["compute_s"] == pytest.approx(0.8 / 1024)
+
+
+def test_sweep_busbw_uses_the_link_rule():
+    prof = load_profile(EXAMPLE)
+    assert C.sweep_busbw(prof, 8, 1) == 450.0                 # one node: NVLink
+    assert C.sweep_busbw(prof, 2, 2) == 25.0                  # one rank per node: one NIC
+    assert C.sweep_busbw(prof, 16, 2) == 200.0                # 8 per node on 8 NICs
+
+
+def test_closest_tier():
+    assert C.closest_tier(load_profile(EXAMPLE)) == "InfiniBand HDR 200 Gb/s per NIC"
 
 
 def test_bf16_on_one_node_passes():

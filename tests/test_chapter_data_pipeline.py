@@ -96,3 +96,14 @@ def test_rule_of_thumb_agrees_when_a_setting_inside_it_ties_the_best():
         if r["num_workers"] == 1 and (r["prefetch_factor"] or 0) >= 4:
             r["idle_share"] = best + 0.05
     assert "differs" in finding(rows)
+
+
+def test_tuner_chart_and_findings_share_one_verdict(findings):
+    """The tuner's bars are coloured by ``loader_verdict``, the rule its findings use: num_workers=0 with a
+    passing headroom but a device idle 44 % of the loop is a red bar, not a green one (issue 19)."""
+    assert C.loader_verdict({"headroom": 1.84, "idle_share": 0.44}) == "fail"
+    assert C.loader_verdict({"headroom": 1.84, "idle_share": 0.01}) == "pass"
+    assert C.loader_verdict({"headroom": 1.1, "idle_share": 0.01}) == "warn"
+    rows = _measured("loadtune").results["rows"]
+    default = next(r for r in rows if r["num_workers"] == 0)
+    assert C.loader_verdict(default) == findings["data_pipeline/headroom_default"].verdict

@@ -62,3 +62,47 @@ def test_extreme_but_valid_plans_give_finite_findings(changes):
     for fid, x in f.items():
         assert x.value is None or math.isfinite(x.value), fid
         assert "nan" not in x.message.lower(), (fid, x.message)
+
+
+def test_every_plan_finding_shows_the_llama3_rate_beside_the_profiles():
+    p, f = _findings()
+    q = p["llama3"]
+    assert q["p_node_day"] == R.LLAMA3_P_NODE_DAY and p["p_node_day"] == 1e-4
+    assert q["mtbf_h"] == pytest.approx(49.49, abs=0.01) and p["mtbf_h"] == pytest.approx(1874.9, abs=0.1)
+    for fid in ("failure_prob_day", "failure_prob_run", "mtbf_h", "checkpoint_interval_s", "expected_waste",
+                "walltime_fit"):
+        assert "Llama 3's 3.8e-3 interruptions per node-day" in f[f"fault_tolerance/{fid}"].message, fid
+    assert "49.5 h" in f["fault_tolerance/mtbf_h"].message
+    assert "76 min" in f["fault_tolerance/checkpoint_interval_s"].message         # Daly at 49.5 h, C = 60 s
+    assert "exponential (memoryless)" in f["fault_tolerance/checkpoint_interval_s"].message
+
+
+def test_the_profiles_rate_decides_the_verdict():
+    # a 15-minute write every 6 h: 4.2 % waste at 1e-4 (pass), 10.1 % at Llama 3's rate (warn)
+    p, f = _findings(training__checkpoint_write_s=900.0, training__checkpoint_interval_s=6 * 3600.0)
+    waste = f["fault_tolerance/expected_waste"]
+    assert waste.value == pytest.approx(p["waste_plan"]) == pytest.approx(0.0416, abs=1e-4)
+    assert p["llama3"]["waste_plan"] == pytest.approx(0.1009, abs=1e-4)
+    assert waste.verdict == "pass" and "verdict there: warn" in waste.message
+    # and the other way round: a rate above Llama 3's fails on its own
+    _, f = _findings(cluster__node_failure_per_day=0.05, training__checkpoint_write_s=900.0,
+                     training__checkpoint_interval_s=6 * 3600.0)
+    assert f["fault_tolerance/expected_waste"].verdict == "fail"
+    assert "verdict there: warn" in f["fault_tolerance/expected_waste"].message
+
+
+def test_the_fix_is_to_measure_the_rate_not_to_lower_it():
+    _, f = _findings()
+    assert "Replace the assumed cluster.node_failure_per_day with your site's measured rate" in \
+        f["fault_tolerance/mtbf_h"].fix
+    assert not any("lower the per-node rate" in x.fix.lower() for x in f.values())
+
+
+def test_rates_table_puts_both_rates_side_by_side():
+    p, _ = _findings()
+    t = C.rates_table(p).set_index("quantity")
+    assert list(t.columns) == ["profile's rate", "Llama 3's rate"]
+    assert t.loc["system MTBF"].tolist() == ["1,874.9 h", "49.5 h"]
+    assert t.loc["optimal interval (Daly)"].tolist() == ["7.9 h", "76 min"]
+    assert t.loc["per-node daily failure probability"].tolist() == ["0.0001", "0.0038"]
+    assert t.loc["waste verdict"].tolist() == ["pass", "pass"]

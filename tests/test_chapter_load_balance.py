@@ -30,6 +30,7 @@ def test_bubble_of_a_pipelined_plan_and_the_wrong_formula_beside_it():
     assert f["load_balance/bubble_fraction"].verdict == "fail"
     assert f["load_balance/bubble_over_ideal"].value == pytest.approx(3 / 8)
     assert "9.4%" in f["load_balance/bubble_fraction"].message and "wrong" in f["load_balance/bubble_fraction"].message
+    assert "ZB-H1" in f["load_balance/bubble_fraction"].message and "11.1%" in f["load_balance/bubble_fraction"].message
 
 
 def test_interleaving_shrinks_the_bubble():
@@ -55,6 +56,18 @@ def test_lengths_file_relative_to_the_profile(tmp_path):
     # one batch of 16: 15 x 100 + 1600 real tokens padded to 16 x 1600
     assert f.value == pytest.approx(1 - (15 * 100 + 1600) / (16 * 1600))
     assert "lengths_file" in f.message
+    # packed: all 3,100 tokens in one row of 4,096, whatever the policy; 16 samples in that one batch
+    assert f"{1 - 3100 / 4096:.1%} (samples cut at row ends)" in f.message and "16-16 samples" in f.message
+
+
+def test_packing_in_the_padding_finding_with_its_caveat():
+    sink = FindingSink(None, "load_balance")
+    table = C.add_plan_findings(sink, load_profile(EXAMPLE))
+    f = {x.id: x for x in sink.findings}["load_balance/padding_waste"]
+    assert len(table) == 6 and table.attrs["packing"]["samples_per_batch_min"] < table.attrs["packing"]["samples_per_batch_max"]
+    packed = table.set_index("strategy")["waste"]
+    assert packed.filter(like="packing").min() < 0.01 < packed["length bucketing"]
+    assert "Packing into rows of 4096" in f.message and "document" in f.message and "document masks" in f.fix
 
 
 def test_recorded_measurements_give_every_finding():

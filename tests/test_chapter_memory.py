@@ -8,6 +8,7 @@ from conftest import EXAMPLE, plan_findings
 from preflight.chapters import memory_plan as MP
 from preflight.findings import FindingSink
 from preflight.models import memory as M
+from preflight.models import states as S
 from preflight.profile import load_profile
 
 GiB = 2 ** 30
@@ -27,9 +28,42 @@ def test_example_plan_does_not_fit_and_names_the_cheapest_fix():
     assert total == pytest.approx(M.total_bytes(MP.plan_of(load_profile(EXAMPLE))))
     assert f["baseline/memory_fits"].value == pytest.approx(total / (80 * GiB))
     assert f["baseline/memory_fits"].verdict == "fail"
-    assert "ZeRO-1 + selective recompute" in f["baseline/memory_fits"].fix
-    fix = out["cheapest"][out["cheapest"]["change"] == "ZeRO-1 + selective recompute"].iloc[0]
+    # flash attention (the example's, and the default): no s^2 scores, so ZeRO-1 alone fits
+    assert "flash attention" in f["baseline/memory_per_gpu"].message
+    assert 17 * GiB < f["baseline/memory_activations"].value < 18 * GiB
+    assert "Cheapest change that fits: ZeRO-1 (" in f["baseline/memory_fits"].fix
+    fix = out["cheapest"][out["cheapest"]["change"] == "ZeRO-1"].iloc[0]
     assert fix["plan_bytes"] < 80 * GiB
+    assert "baseline/memory_gathered_params" not in f                 # nothing gathered without ZeRO-3
+    assert "2 B x" in f["baseline/memory_weights"].message and "12 B x params" in f["baseline/memory_optimizer"].message
+
+
+# The example's terms before flash attention, the profile fields and the framework layouts existed
+# (the planner of commit ef5883f on this profile): math attention must give them to the byte.
+BEFORE = {"weights": 14e9, "gradients": 14e9, "optimizer": 84e9, "activations": 104152956928.0,
+          "activations_output": 608174080.0, "framework": 22749854924.800003}
+
+
+def test_math_attention_reproduces_the_earlier_plan():
+    out, f = _run(model__attention="math")
+    assert dict(zip(out["terms"]["term"], out["terms"]["bytes"])) == pytest.approx(BEFORE, rel=1e-12)
+    assert f["baseline/memory_activations"].value == pytest.approx(BEFORE["activations"] + BEFORE["activations_output"])
+    assert "ZeRO-1 + selective recompute" in f["baseline/memory_fits"].fix
+    assert "math attention" in f["baseline/memory_per_gpu"].message
+
+
+def test_framework_layouts_in_the_findings():
+    _, f = _run(training__framework="megatron", training__zero_stage=1)
+    assert f["baseline/memory_grads"].value == pytest.approx(4 * 7e9)                # fp32 main gradients
+    assert f["baseline/memory_optimizer"].value == pytest.approx(12 * 7e9 / 1024)
+    assert "fp32 main gradients" in f["baseline/memory_grads"].message
+    _, f = _run(training__framework="fsdp2", training__zero_stage=3, training__shard_group="node",
+                model__mlp="swiglu", model__ffn_hidden=11008, model__kv_heads=8, model__dropout=0.0)
+    assert f["baseline/memory_weights"].value == pytest.approx(4 * 7e9 / 8)          # HSDP: 8 ranks per node
+    g = f["baseline/memory_gathered_params"]
+    assert g.value == pytest.approx(2 * 2 * S.layer_params(4096, 32, 8, 11008, "swiglu"))
+    assert "prefetched" in g.message and g.unit == "bytes"
+    assert f["baseline/memory_fits"].verdict == "pass"
 
 
 def test_zero_and_recompute_in_the_profile_make_it_fit():
@@ -109,3 +143,21 @@ def test_auto_capacity_reads_the_device_in_decimal_gb():
     prof = parse_profile(example_with(cluster__gpu="auto"))
     cap, src = MP.capacity_bytes(prof, SimpleNamespace(memory_GB=150.1, label="NVIDIA H200"))
     assert cap == pytest.approx(150.1e9) and "NVIDIA H200" in src
+
+
+def test_validation_finding_replays_the_recorded_attention_paths():
+    """tests/data/cpu_records/memory.json (a real quick CPU run): flash and math paths in the message,
+    the verdict on the largest per-layer error."""
+    from conftest import CPU_RECORDS
+    from preflight.bench import memory as bench_memory
+    from preflight.chapter import Measured
+    from preflight.records import load_records
+
+    [rec] = load_records(CPU_RECORDS, "memory")
+    assert bench_memory.METHOD.check(rec) == []
+    sink = FindingSink()
+    MP.add_validation_finding(sink, Measured(rec["results"], "recorded"))
+    f = sink.findings[0]
+    paths = rec["results"]["paths"]
+    assert f.verdict == "pass" and abs(f.value) == max(abs(p["error"]) for p in paths.values()) and abs(f.value) < 0.01
+    assert "gpt flash +0.09%" in f.message and "llama math" in f.message

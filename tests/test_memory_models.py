@@ -1,14 +1,17 @@
-"""Per-GPU memory planner (preflight.models.memory): ZeRO's model states, Korthikanti's activations,
-monotonicity over a grid of plans, the cheapest change that makes a plan fit, input checks."""
+"""Per-GPU memory planner (preflight.models.memory): ZeRO's model states, Korthikanti's activations
+(attention="math", the paper's layer), monotonicity over a grid of plans, the cheapest change that
+makes a plan fit (models.memory_fit), input checks. Flash attention, SwiGLU, GQA, dropout and the
+framework layouts: tests/test_memory_layouts.py."""
 import itertools
 
 import pytest
 
 from preflight.models import memory as M
+from preflight.models import memory_fit as MF
 
-GPT3 = dict(seq_len=2048, micro_batch_size=1, hidden=12288, heads=96)        # Korthikanti Table 3
+GPT3 = dict(seq_len=2048, micro_batch_size=1, hidden=12288, heads=96, attention="math")   # Korthikanti Table 3
 SBH = 2048 * 1 * 12288
-SEVEN_B = dict(params=7e9, layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096)
+SEVEN_B = dict(params=7e9, layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, attention="math")
 
 
 def model_states(plan):
@@ -93,7 +96,7 @@ def test_first_stage_in_flight_micro_batches(schedule, v, inflight):
     t = M.terms(plan).set_index("term")
     # GPipe: every stage holds all m, so the last one (with the logits) is the peak
     assert M.terms(plan).attrs["stage"] == ("last" if schedule == "gpipe" else "first")
-    layer = M.layer_activation_bytes(4096, 1, 4096, 32)
+    layer = M.layer_activation_bytes(4096, 1, 4096, 32, attention="math")
     assert t.loc["activations", "bytes"] == pytest.approx(inflight * 8 * layer, rel=1e-12)
     assert f"{inflight:g} micro-batches in flight" in t.loc["activations", "formula"]
     # 1F1B: the first stage keeps L layers' worth whatever p (Korthikanti 4.2.3); pp = 1: one at a time
@@ -170,7 +173,7 @@ def test_pipeline_depth_monotone_except_two_stated_cases(grid):
 def test_interleaving_costs_first_stage_activations():
     base = dict(**SEVEN_B, microbatches=8, schedule="interleaved", interleave=2)
     acts = [M.terms(M.Plan(**base, pp=p)).set_index("term").loc["activations", "bytes"] for p in (2, 4)]
-    layer = M.layer_activation_bytes(4096, 1, 4096, 32)
+    layer = M.layer_activation_bytes(4096, 1, 4096, 32, attention="math")
     assert acts == pytest.approx([32 * layer * (1 + (p - 1) / (p * 2)) for p in (2, 4)])
     assert M.total_bytes(M.Plan(**base, pp=4)) < M.total_bytes(M.Plan(**base, pp=2))   # weights win
 
@@ -180,7 +183,7 @@ def test_interleaving_costs_first_stage_activations():
 def test_7b_without_recompute_needs_zero1_plus_selective():
     plan = M.Plan(**SEVEN_B, dp=1024)
     assert M.fits(plan, 80)[0] is False and 16 * 7e9 > 80e9
-    df = M.cheapest_fit(plan, 80, gpus_per_node=8, gpus=1024)
+    df = MF.cheapest_fit(plan, 80, gpus_per_node=8, gpus=1024)
     assert list(df.columns) == ["change", "plan_bytes", "GiB", "fits", "headroom", "cost", "order"]
     assert list(df.order) == list(range(len(df)))
     singles = [c for c in df.change if "+" not in c]
@@ -197,7 +200,7 @@ def test_7b_without_recompute_needs_zero1_plus_selective():
 
 def test_7b_with_selective_recompute_fits_with_zero1():
     plan = M.Plan(**SEVEN_B, dp=1024, recompute="selective")                # ~ FlashAttention
-    df = M.cheapest_fit(plan, 80, gpus_per_node=8, gpus=1024)
+    df = MF.cheapest_fit(plan, 80, gpus_per_node=8, gpus=1024)
     assert not df.fits.iloc[0]
     first = df[df.fits].iloc[0]
     assert first.change == "ZeRO-1" and "no extra communication" in first.cost
@@ -207,7 +210,7 @@ def test_7b_with_selective_recompute_fits_with_zero1():
 def test_cheapest_fit_offers_only_valid_changes():
     plan = M.Plan(params=2e9, layers=30, hidden=3072, heads=12, vocab=32000, seq_len=2048, tp=2, dp=8,
                   micro_batch_size=4)
-    changes = list(M.cheapest_fit(plan, 80, gpus_per_node=8, gpus=16).change)
+    changes = list(MF.cheapest_fit(plan, 80, gpus_per_node=8, gpus=16).change)
     assert changes[1] == "sequence parallel"                             # tp > 1: free, first
     assert "tp=4" in changes and "tp=8" not in changes                   # 12 heads
     assert "pp=2" in changes and "pp=4" not in changes                   # 30 layers
@@ -234,6 +237,6 @@ def test_bad_arguments_rejected():
     with pytest.raises(ValueError, match="gpu_memory_GB"):
         M.fits(plan, 0)
     with pytest.raises(ValueError, match="gpus"):
-        M.cheapest_fit(plan, 80, gpus_per_node=8, gpus=16)
+        MF.cheapest_fit(plan, 80, gpus_per_node=8, gpus=16)
     with pytest.raises(ValueError, match="gpus_per_node"):
-        M.cheapest_fit(plan, 80, gpus_per_node=0, gpus=8)
+        MF.cheapest_fit(plan, 80, gpus_per_node=0, gpus=8)

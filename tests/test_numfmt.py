@@ -44,12 +44,61 @@ def test_finding_values_in_their_unit():
     assert N.fmt_value(3.21, "x") == "3.21x"
     assert N.fmt_value(55.9e9, "bytes") == "55.9 GB"
     assert N.fmt_value(1.0, "bool") == "yes" and N.fmt_value(0.0, "bool") == "no"
-    assert N.fmt_value(5000, "s") == "5,000 s" and N.fmt_value(0.5, "s") == "0.5 s"
+    assert N.fmt_value(5000, "s") == "5,000 s (83.3 min)" and N.fmt_value(0.5, "s") == "0.5 s"
     assert N.fmt_value(7, "") == "7"
+
+
+@pytest.mark.parametrize("value, unit, text", [
+    # no scientific notation between 1e-3 and 1e6, whatever the unit
+    (3.087e5, "tokens/s", "308,700 tokens/s"), (2048, "x", "2,048x"), (1.4e10, "bytes", "14 GB"),
+    (1.4e13, "bytes", "14,000 GB"), (0.00457, "s", "0.00457 s"),
+    # shares, signed shares, shares above one, probabilities: percent
+    (4.571e-05, "fraction", "0.00457%"), (-0.0541, "fraction", "-5.41%"), (1.5, "fraction", "150%"),
+    (0.0127, "probability", "1.27%"), (0.0, "fraction", "0%"),
+    # durations: seconds as thresholds state them, the readable unit beside them from 10 min up
+    (28419.8, "s", "28,420 s (7.89 h)"), (599, "s", "599 s"), (1874.9, "h", "1,875 h (78.1 d)"), (3.0, "h", "3 h"),
+    # a plain quotient has no unit word
+    (9.4756, "ratio", "9.48"),
+])
+def test_finding_values_read_as_people_write_them(value, unit, text):
+    assert N.fmt_value(value, unit) == text
+
+
+def test_memory_in_binary_units_data_in_decimal():
+    """GiB for memory (what the memory plan and its chart count), GB for data moved or stored."""
+    mem = {"id": "baseline/memory_per_gpu", "value": 239510985932.8, "unit": "bytes"}
+    assert N.fmt_finding(mem) == "223.1 GiB" == N.gib(mem["value"])
+    assert N.fmt_finding({"id": "baseline/peak_memory", "value": 2741576.0, "unit": "bytes"}) == "2.61 MiB"
+    assert N.fmt_finding({"id": "communication/allreduce_bytes_per_rank", "value": 55.9e9, "unit": "bytes"}) == "55.9 GB"
+    assert N.fmt_finding({"id": "a/memory_fits", "value": 0.5, "unit": "ratio"}) == "0.5"
+    # a ratio judged in percent is shown in percent, beside its threshold
+    assert N.fmt_finding({"id": "a/memory_fits", "value": 5.74, "unit": "ratio",
+                          "threshold": "plan / GPU memory: pass <= 90%, fail > 100%"}) == "574%"
+
+
+def test_tables_for_people():
+    """preflight.tables: every cell through numfmt, readable names, yes/no, short paths, badges."""
+    import pandas as pd
+
+    from preflight.tables import cell, frame_html, short_paths
+
+    html = frame_html(pd.DataFrame({
+        "id": ["baseline/memory_per_gpu", "a/b"], "value": [2.4e11, float("nan")], "unit": ["bytes", "s"],
+        "verdict": ["fail", "pass"], "pin_memory": [True, False],
+        "source": ["/tmp/pytest-of-root/pytest-7/x0/cpu_records/scaling-n1.json", "computed from profile"],
+        "samples_per_s": [308700.5, 4.571e-05]}))
+    for text in ("<th>pin memory</th>", "<th>samples per s</th>", ">223.5 GiB<", ">n/a<", ">yes<", ">no<",
+                 ">308,700<", ">4.6e-5<", ">scaling-n1.json<", "title='/tmp/pytest-of-root/", ">FAIL</span>",
+                 'class="v v-pass"'):
+        assert text in html, text
+    assert "<th>unit</th>" not in html and "True" not in html and "e+05" not in html
+    assert cell("6.658e+07") == "66,580,000" and cell("1.0e-4") == "1.0e-4" and cell(12345) == "12,345"
+    assert short_paths("recorded (/tmp/a/b/scaling-n1.json, 2026-11-30)") == "recorded (scaling-n1.json, 2026-11-30)"
+    assert short_paths("pass >= 80%, fail < 60% (1/2 of it)") == "pass >= 80%, fail < 60% (1/2 of it)"
 
 
 def test_changes_are_signed():
     assert N.fmt_delta(-0.05, "fraction") == "-5.0 pp" and N.fmt_delta(2e9, "bytes") == "+2 GB"
     assert N.fmt_delta(0.0, "x") == "0" and N.fmt_delta(None, "s") == "" and N.fmt_delta(1, "bool") == ""
-    assert N.fmt_delta(-120, "s") == "-120 s"
+    assert N.fmt_delta(-120, "s") == "-120 s" and N.fmt_delta(3600, "s") == "+3,600 s (60 min)"
     assert N.fmt_rel(0.25) == "+25.0%" and N.fmt_rel(0) == "0" and N.fmt_rel(None) == ""

@@ -194,3 +194,26 @@ def test_command_line_refuses_before_any_process_group(argv, tmp_path, monkeypat
     with pytest.raises(SystemExit) as exc:
         pipeline.main(["--out", str(tmp_path), *argv])
     assert exc.value.code == 2
+
+
+def test_zero_bubble_runs_in_zb_h1_order(tmp_path):
+    """torch's ScheduleInterleavedZeroBubble, one stage per rank, on gloo: every rank runs F, B (input
+    gradient) and W (weight gradient) of each micro-batch once, in ZB-H1's order, each op after what it
+    needs (W only after its own B); the reference bubble is the simulated ZB-H1's, 1/13 at p=2, m=4."""
+    from preflight.models.zerobubble import zb_h1_deps, zb_h1_order
+
+    df = pipeline.measure_bubble(p=2, ms=(4,), schedule="zb-h1", quick=True, timeout=120, out=tmp_path)
+    res = df.attrs["records"][0]["results"]
+    assert res["schedule"] == "zb-h1" and df.loc[0, "formula"] == pytest.approx(1 / 13)
+    _check_ranks(res, 2)
+    for k in range(len(res["timelines"][0])):
+        ops = {}
+        for rank, steps in enumerate(res["timelines"]):
+            mine = [(a[0], a[2]) for a in steps[k]["actions"] if a[0] != "L"]
+            assert mine == [(kind, j) for kind, j, _ in zb_h1_order(2, 4, rank)], (k, rank)
+            ops.update({(a[0], a[1], a[2]): (a[3], a[4]) for a in steps[k]["actions"] if a[0] != "L"})
+        for (kind, s, j), (t0, _t1) in ops.items():
+            for dep_kind, dep_s, dep_j, _ in zb_h1_deps(kind, s, j, 2):
+                assert ops[dep_kind, dep_s, dep_j][1] <= t0 + 1e-6, (k, kind, s, j)
+    assert all({"F", "B", "W"} <= set(o) for o in res["op_s"])
+    assert df.loc[0, "backward_ms"] > 0 and df.loc[0, "forward_ms"] > 0

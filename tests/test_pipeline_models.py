@@ -303,3 +303,57 @@ def test_load_lengths(tmp_path):
     f.write_text("\n")
     with pytest.raises(ValueError, match="empty"):
         P.load_lengths(f)
+
+
+# --- packing -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", sorted(P.PACKING))
+def test_pack_rows_place_every_token_once(policy):
+    lengths = P.lognormal_lengths(3001, median=300, sigma=1.0, max_len=5000, seed=2)   # some longer than a row
+    rows = P.pack_rows(lengths, 1024, policy=policy, seed=4)
+    placed = np.zeros(lengths.size, dtype=np.int64)
+    for row in rows:
+        assert 1 <= sum(n for _, n in row) <= 1024
+        for i, n in row:
+            placed[i] += n
+    assert (placed == lengths).all()                                  # every token of every sample, once
+    if policy == "split":
+        assert all(sum(n for _, n in row) == 1024 for row in rows[:-1])   # only the last row has a tail
+    else:                                                             # whole: a sample is in one row ...
+        rows_of = {}
+        for r, row in enumerate(rows):
+            for i, _ in row:
+                rows_of.setdefault(i, []).append(r)
+        assert all(len(rs) == 1 for i, rs in rows_of.items() if lengths[i] <= 1024)
+        assert all(len(rs) == -(-int(lengths[i]) // 1024) for i, rs in rows_of.items())   # ... or whole rows
+
+
+def test_packing_hand_computed():
+    three = [3, 3, 3]                                                 # 9 tokens, rows of 5
+    split = P.packing(three, 5, batch=1, policy="split")
+    assert (split["rows"], split["padded_tokens"], split["split_samples"]) == (2, 1, 1)   # 5 + 4
+    nf = P.packing(three, 5, batch=1, policy="next_fit")              # 3 | 3 | 3: 2 padding tokens each
+    assert (nf["rows"], nf["padded_tokens"], nf["waste"]) == (3, 6, pytest.approx(6 / 15))
+    bf = P.packing([4, 1, 3, 2], 5, batch=1, policy="best_fit")       # {4, 1} {3, 2}: no padding at all
+    assert (bf["rows"], bf["padded_tokens"]) == (2, 0)
+    assert sorted(sorted(n for _, n in row) for row in P.pack_rows([4, 1, 3, 2], 5, "best_fit")) == [[1, 4], [2, 3]]
+    assert P.pack_rows([12], 5, "next_fit") == [[(0, 5)], [(0, 5)], [(0, 2)]]
+    ones = P.packing([1] * 20, 4, batch=2)                            # batch statistics: 8 samples per batch
+    assert (ones["samples_per_batch_min"], ones["samples_per_batch_max"]) == (4, 8)   # last batch: one row
+    with pytest.raises(ValueError, match="policy"):
+        P.pack_rows([3], 5, policy="first_fit")
+    with pytest.raises(ValueError, match="seq_len"):
+        P.pack_rows([3], 0)
+
+
+def test_packing_against_padding_on_a_long_tail():
+    lengths = P.lognormal_lengths(20000, seed=0)                      # median 512, rows of 4096
+    t = P.padding_table(lengths, 16, n_buckets=16, seq_len=4096).set_index("strategy")
+    assert list(t.columns) == ["real_tokens", "padded_tokens", "waste", "relative_cost"]
+    split, nf, bf = (t.loc[P.PACKING[k], "waste"] for k in ("split", "next_fit", "best_fit"))
+    assert split < 4096 / lengths.sum()                               # at most one row's tail
+    assert bf < 0.01 < nf < t.loc["pad to longest in batch", "waste"]  # next fit leaves ~15 %: a poor packer
+    assert bf < t.loc["length bucketing", "waste"]
+    assert len(P.padding_table(lengths, 16)) == 3                     # without seq_len: the padding strategies
+    r = P.packing(lengths, 4096, batch=16)
+    assert r["samples_per_batch_min"] < r["samples_per_batch_mean"] < r["samples_per_batch_max"]

@@ -145,4 +145,32 @@ def test_no_serial_part_gives_an_unbounded_ceiling():
     sink = FindingSink()
     B.add_plan_findings(sink, p, B.plan_curve(p))
     f = {x.id: x for x in sink.findings}["baseline/amdahl_max_speedup"]
-    assert f.value is None and f.verdict == "pass" and "without bound" in f.message
+    assert f.value is None and f.verdict == "info" and "without bound" in f.message          # weak: info
+    p = parse_profile(_with("training.step_serial_s", 0) | {})
+    strong = p.model_copy(update={"training": p.training.model_copy(update={"scaling": "strong"})})
+    sink = FindingSink()
+    B.add_plan_findings(sink, strong, B.plan_curve(strong))
+    assert {x.id: x for x in sink.findings}["baseline/amdahl_max_speedup"].verdict == "pass"    # strong: decides
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"model": {"kv_heads": 5}}, "model.kv_heads = 5 must divide model.heads = 32"),
+    ({"model": {"kv_heads": 4}, "training": {"tp": 8}}, "training.tp = 8 must divide model.kv_heads = 4"),
+    ({"training": {"framework": "fsdp2"}}, "training.zero_stage = 0 is not available with training.framework = fsdp2"),
+    ({"training": {"framework": "megatron", "zero_stage": 2}}, "accepted 0, 1"),
+    ({"model": {"attention": "sdpa"}}, "model.attention = 'sdpa'"),
+    ({"model": {"dropout": 1.0}}, "model.dropout = 1.0"),
+    ({"training": {"shard_group": "rack"}}, "training.shard_group = 'rack'")])
+def test_memory_plan_fields_are_checked_naming_the_field(changes, words):
+    d = yaml.safe_load(EXAMPLE.read_text())
+    for section, fields in changes.items():
+        d[section].update(fields)
+    with pytest.raises(ProfileError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_profile(d)
+
+
+def test_memory_plan_field_defaults():
+    m, t = parse_profile(yaml.safe_load(EXAMPLE.read_text())).model, parse_profile({"project": "x", "model": {
+        "params": 7e9, "layers": 32, "hidden": 4096, "seq_len": 4096}}).training
+    assert (m.attention, m.mlp, m.ffn_hidden, m.n_kv_heads, m.dropout) == ("flash", "gelu", None, 32, 0.1)
+    assert (t.framework, t.shard_group) == ("deepspeed", "dp")

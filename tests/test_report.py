@@ -1,14 +1,17 @@
 """The report's contract: findings.json against its JSON Schema (real audits pass, broken files are
-refused with the JSON path of the problem), and index.html as an audit: facts, verdict table,
-chapter sections, print styles, offline, every user string escaped."""
+refused with the JSON path of the problem), and index.html as an audit: facts, the overall verdict and
+the fixes that buy the most, verdict table, chapter sections (deciding findings first, the rest
+folded, charts titled), print styles, offline, every user string escaped; chapter pages without
+heading anchors or notebook-only lines."""
 import copy
 import json
+import re
 import shutil
 
 import pytest
 
 from conftest import EXAMPLE, run_cli
-from preflight import report
+from preflight import guidance, report
 from preflight.chapters.registry import CHAPTERS
 from preflight.report import FindingsError, external_refs, load_findings, validate_findings
 
@@ -140,11 +143,13 @@ def test_index_reads_like_an_audit(plan, data):
     for c in data["chapters"]:
         d = report.deciding(by_ch[c["number"]])
         assert d["verdict"] == c["verdict"]
-        assert report.fid(d["id"]) in verdicts and report.esc(report.fmt_value(d["value"], d["unit"])) in verdicts
+        assert report.fid(d["id"]) in verdicts and report.esc(report.fmt_finding(d)) in verdicts
         assert report.esc(d["threshold"]) in verdicts and report.esc(d["fix"]) in verdicts
         assert f"href='{report.chapter_page(c)}'" in verdicts and (plan / report.chapter_page(c)).exists()
-    # the example's chapter 1 fails on a number, not on an unmeasured finding
-    assert "baseline/<wbr>amdahl_<wbr>max_<wbr>speedup" in verdicts
+        # a failing chapter's row shows the number its threshold judges (not, say, an interval in s
+        # beside a threshold in % of waste)
+        if d["verdict"] in ("fail", "warn"):
+            assert guidance.decides(d), d
     # chapter sections (each starting a printed page), every finding addressable, charts inline
     assert html.count("<section class='chapter'") == len(CHAPTERS)
     for f in data["findings"]:
@@ -169,7 +174,7 @@ def test_deciding_finding_and_number_formats():
     assert report.fmt_value(0.684, "fraction") == "68.4%"
     assert report.fmt_value(55.9e9, "bytes") == "55.9 GB"
     assert report.fmt_value(1.0, "bool") == "yes" and report.fmt_value(0.0, "bool") == "no"
-    assert report.fmt_value(5000, "s") == "5,000 s"
+    assert report.fmt_value(5000, "s") == "5,000 s (83.3 min)"
 
 
 def test_svg_ids_are_scoped_per_chart():
@@ -216,3 +221,99 @@ def test_a_chapter_page_that_cannot_render_does_not_stop_the_report(tmp_path, pl
     html = pages[0].read_text()
     assert "could not be rendered (ValueError: No template sub-directory" in html
     assert "&lt;in&gt;" in html and "href='notebooks/01_baseline.ipynb'" in html
+
+
+# -- guidance: the deciding number, what a fix buys, the overall line --------------------------------
+
+def _f(fid, value, verdict, threshold, fix="", unit="fraction", chapter=1):
+    return {"id": fid, "value": value, "verdict": verdict, "threshold": threshold, "fix": fix, "unit": unit,
+            "chapter": chapter}
+
+
+def test_a_number_decides_only_if_its_threshold_judges_it():
+    """Chapter 5's case: the optimal interval (28,420 s) judged on the extra waste it costs (in %)."""
+    interval = _f("ft/checkpoint_interval_s", 28420, "pass",
+                  "extra waste of the plan's interval vs the optimum: pass <= +1%, fail > +5%", unit="s")
+    waste = _f("ft/expected_waste", 0.0064, "pass", "pass <= 5%, fail > 15%")
+    stall = _f("ft/async_stall_ratio", 0.22, "pass", "async stall / sync stall: pass <= 0.5, fail > 1", unit="ratio")
+    two = _f("dp/headroom_default", 1.82, "fail", "supply/consumption pass >= 1.2x, fail < 1x; and device idle "
+             "pass <= 5%, fail > 15%", unit="x")
+    words = _f("ft/resume_bitwise", 1.0, "pass", "pass = bitwise equal", unit="bool")
+    assert not guidance.decides(interval) and guidance.decides(waste) and guidance.decides(stall)
+    assert not guidance.decides(two) and not guidance.decides(words)
+    assert guidance.threshold_of(waste) == guidance.Threshold(0.05, 0.15, higher_is_better=False)
+    # all pass: the row shows the number closest to failing among those that decide (0.22/0.5 > 0.0064/0.05)
+    assert guidance.deciding([interval, waste, stall, words])["id"] == "ft/async_stall_ratio"
+    assert guidance.deciding([interval, words, waste])["id"] == "ft/expected_waste"
+
+
+def test_fixes_are_ranked_by_verdict_then_by_how_far_the_number_is_from_passing():
+    amdahl = _f("b/amdahl", 9.89, "fail", "pass >= 2048x, fail < 1024x", "serial first", unit="x")     # 207x
+    listing = _f("d/listing", 5000, "fail", "pass <= 60 s, fail > 600 s", "shards", unit="s")          # 83x
+    padding = _f("l/padding", 0.684, "fail", "pass <= 10%, fail > 30%", "bucketing")                   # 6.8x
+    twin = _f("b/amdahl_at_target", 0.05, "fail", "pass >= 80%, fail < 60%", "serial first")           # same fix
+    warn = _f("c/ratio", 0.9, "warn", "pass <= 0.67, fail > 1", "overlap", unit="x")
+    ok = _f("f/waste", 0.006, "pass", "pass <= 5%, fail > 15%", "faster checkpoints")
+    assert guidance.shortfall(amdahl) == pytest.approx(2048 / 9.89) and guidance.shortfall(padding) == pytest.approx(6.84)
+    top = guidance.top_fixes([ok, warn, padding, listing, twin, amdahl])
+    assert [f["id"] for f in top] == ["b/amdahl", "d/listing", "l/padding"]
+    assert [f["id"] for f in guidance.top_fixes([ok, warn, padding], n=3)] == ["l/padding", "c/ratio"]
+    assert guidance.top_fixes([ok]) == []
+    assert guidance.overall(["fail", "fail", "warn", "pass", "fail"]) == "3 of 5 chapters fail; 1 of 5 warns"
+    assert guidance.overall(["fail", "pass"]) == "1 of 2 chapters fails"
+    assert guidance.overall(["pass"] * 5) == "All 5 chapters pass"
+    assert guidance.overall(["error", "pass"]).startswith("1 of 2 chapter could not run")
+    first, rest = guidance.grouped([ok, padding, warn, amdahl])
+    assert [f["id"] for f in first] == ["b/amdahl", "l/padding", "c/ratio"] and rest == [ok]
+    assert guidance.grouped([ok]) == ([ok], [])
+
+
+def test_index_says_what_to_fix_first_and_folds_the_rest(plan, data):
+    html = (plan / "index.html").read_text()
+    fails = sum(c["verdict"] == "fail" for c in data["chapters"])
+    head = html[html.index("<section class='guidance"):html.index("<h2>Verdicts")]
+    assert f"{fails} of {len(CHAPTERS)} chapters fail" in head
+    top = guidance.top_fixes(data["findings"])
+    assert head.count("<li>") == len(top) == 3, head
+    for f in top:                           # each fix, the number that calls for it, a link to its row
+        assert report.esc(f["fix"]) in head and f"href='#{f['id']}'" in head and report.esc(report.fmt_finding(f)) in head
+    assert head.index(report.esc(top[0]["fix"])) < head.index(report.esc(top[1]["fix"]))
+    assert "how many times the number misses its pass bound" in head
+    for c in data["chapters"]:
+        sec = html[html.index(f"<section class='chapter' id='ch{c['number']}'>"):]
+        sec = sec[:sec.index("</section>")]
+        found = [f for f in data["findings"] if f["chapter"] == c["number"]]
+        first, rest = guidance.grouped(found)
+        folded = sec[sec.index("<details>"):] if rest else ""
+        for f in first:
+            assert f"<tr id='{f['id']}'>" in sec and f"<tr id='{f['id']}'>" not in folded
+        for f in rest:
+            assert f"<tr id='{f['id']}'>" in folded
+        # every chart under a title in words, drawn larger than its own size
+        for fig in re.findall(r"<figure id='[^']+'>(.*?)</figure>", sec, re.S):
+            caption = re.match(r"<figcaption>([^<]+)</figcaption><svg", fig)
+            assert caption and "_" not in caption.group(1), fig[:200]
+    assert "<th>What it means, and the fix</th>" in html and "<th>source</th>" not in html
+    assert "details::details-content{content-visibility:visible" in html        # folded rows print
+    assert 'class="v v-fail">FAIL</span>' in html
+
+
+def test_chapter_pages_have_no_heading_anchors_or_notebook_only_lines(plan):
+    pages = sorted(plan.glob("0[1-5]_*.html"))
+    assert len(pages) == len(CHAPTERS)
+    for p in pages:
+        html = p.read_text()
+        assert "¶" not in html and "anchor-link" not in html, p.name
+        assert "open this chapter in JupyterLab" not in html, p.name
+        assert re.search(r'class="v v-(pass|warn|fail|info)"[^>]*>(PASS|WARN|FAIL|INFO)</span>', html), p.name
+        assert "True</td>" not in html and "False</td>" not in html, p.name
+
+
+def test_figures_are_scaled_and_keep_their_viewbox():
+    from preflight.report_index import chart_heading, scaled_svg
+
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="600" height="300" viewBox="0 0 600 300"><g/></svg>'
+    out = scaled_svg(svg)
+    assert 'width="780" height="390" viewBox="0 0 600 300"' in out
+    assert 'width="1000"' in scaled_svg(svg.replace('width="600"', 'width="900"'))          # at most the page
+    assert chart_heading("memory_terms").startswith("Memory per GPU") and chart_heading("new_chart") == "New chart"

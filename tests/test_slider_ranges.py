@@ -20,7 +20,7 @@ def _explorers():
         "amdahl": lambda: widgets.amdahl_explorer(0.09, 0.8, 1024),
         "listing": lambda: widgets.listing_explorer(10_000_000, 0.5, 8),
         "supply": lambda: widgets.supply_explorer(4000, 2000, 0.36),
-        "allreduce": lambda: widgets.allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per GPU", 0.8,
+        "allreduce": lambda: widgets.allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per NIC", 0.8,
                                                         0.09, 8, 450.0),
         "bubble": lambda: widgets.bubble_explorer(4, 8, "1f1b"),
         "failure": lambda: widgets.failure_explorer(1e-4, 128, 30),

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import REPO
+from preflight.bench.launch import free_port
 from slurm_cluster import slurm_cluster
 
 SBATCH = REPO / "lib" / "preflight" / "slurm" / "walltime_requeue.sbatch"
@@ -172,6 +173,7 @@ def test_walltime_requeue_round_trip(cluster, tmp_path, tmp_path_factory, record
     job = cluster.submit(SBATCH, f"--time={TIME_MIN}", f"--signal=B:USR1@{SIGNAL_S}", f"--output={out_file}",
                          f"--chdir={tmp_path}", "--job-name=preflight-requeue-test",
                          env={"CKPT_DIR": str(ckpt), "PYTHON": sys.executable, "NPROC": "1",
+                              "RDZV_PORT": str(free_port()),        # not 29500 + job id: other clusters run here
                               "TRAIN_ARGS": f"{train_args} --step-sleep {STEP_SLEEP}"})
     state = cluster.wait(job, {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY"},
                          timeout=600)

@@ -70,9 +70,9 @@ def test_example_layout_dp_across_128_nodes():
     dp = rules["dp_across_nodes"]
     assert dp["verdict"] == "info" and dp["ok"]
     assert "1 data-parallel group of 1024 ranks" in dp["detail"] and "128 nodes" in dp["detail"]
-    assert "NVLink first" in dp["detail"]
+    assert "one NIC per rank of the group" in dp["detail"]
     verdict, message = topo.layout_verdict(_profile())
-    assert verdict == "pass" and "dp=1024" in message and "hierarchically" in message
+    assert verdict == "pass" and "dp=1024" in message and "one NIC per rank" in message
 
 
 def test_dp_inside_node_and_pipeline_boundaries():

@@ -29,6 +29,7 @@ def test_amdahl_explorer_follows_sliders():
     assert r["speedup"] == f"{amdahl_speedup(ts.value, tc.value, 2048):.2f}x"
     assert r["ceiling"] == f"{amdahl_ceiling(ts.value, tc.value):.2f}x"
     assert r["gustafson"] == f"{gustafson_speedup(serial_fraction(ts.value, tc.value), 2048):.1f}x"
+    assert r["gustafson_eff"] == f"{gustafson_speedup(serial_fraction(ts.value, tc.value), 2048) / 2048:.1%}"
     assert box.children[3].value != svg_before
     assert f"ceiling {amdahl_ceiling(ts.value, tc.value):.3g}x" in box.children[3].value
 
@@ -54,33 +55,37 @@ def test_allreduce_calculator_reproduces_the_field_case_and_follows_the_sliders(
     from preflight.models import comm
     from preflight.widgets import allreduce_explorer
 
-    def plan(dp, dtype, tp=1):                 # the library's plan at the sliders' position
+    def plan(dp, dtype, tp=1, nics=None):       # the library's plan at the sliders' position
         return comm.allreduce_plan(7e9, dp, dtype, tp, gpus_per_node=8, intra_node_GBps=450.0,
-                                   inter_node_Gbps=200.0, compute_s=0.8, serial_s=0.09)
+                                   inter_node_Gbps=200.0, nics_per_node=nics, compute_s=0.8, serial_s=0.09)
 
-    box = allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per GPU", 0.8, 0.09, 8, 450.0)
+    box = allreduce_explorer(7e9, 1024, "fp32", "InfiniBand HDR 200 Gb/s per NIC", 0.8, 0.09, 8, 450.0)
     r = _readout(box)
-    assert r["bytes"] == "55.9 GB"
+    assert r["bytes"] == "55.9 GB" and r["dp"] == "1,024"
+    assert r["time_s"] == f"{plan(1024, 'fp32').time_s:.3g} s" == "0.3 s"
     assert r["flat_s"] == f"{plan(1024, 'fp32').flat_s:.3g} s" == "2.26 s"
-    assert r["ratio"] == "2.82x" == f"{plan(1024, 'fp32').ratio:.2f}x"
-    assert r["hier_s"] == f"{plan(1024, 'fp32').hierarchical_s:.3g} s"
+    assert r["ratio"] == "0.38x" == f"{plan(1024, 'fp32').ratio:.2f}x"
     assert r["eff_no"] == f"{plan(1024, 'fp32').efficiency_no_overlap:.1%}"
     assert r["eff_ov"] == f"{plan(1024, 'fp32').efficiency_full_overlap:.1%}"
     assert r["link"] == plan(1024, "fp32").link_why and "128 nodes" in r["link"]
     c = _controls(box)
+    c["NICs per node"].value = 1               # one NIC for the node: the field report's arithmetic
+    r = _readout(box)
+    assert r["time_s"] == r["flat_s"] == f"{plan(1024, 'fp32', nics=1).time_s:.3g} s" == "2.26 s"
+    c["NICs per node"].value = 8
     c["gradient dtype"].value = "bf16"
     r = _readout(box)
     assert r["bytes"] == "28 GB"
-    assert r["flat_s"] == f"{plan(1024, 'bf16').flat_s:.3g} s"
+    assert r["time_s"] == f"{plan(1024, 'bf16').time_s:.3g} s"
     c["log2 D (DP ranks)"].value = 3          # 8 ranks: one node, the ring runs on NVLink
     r = _readout(box)
-    assert r["flat_s"] == f"{plan(8, 'bf16').flat_s:.3g} s" == f"{comm.ring_allreduce_time(14e9, 8, 450.0, 5e-6):.3g} s"
-    assert r["hier_s"] == r["flat_s"]
+    assert r["time_s"] == f"{plan(8, 'bf16').time_s:.3g} s" == f"{comm.ring_allreduce_time(14e9, 8, 450.0, 5e-6):.3g} s"
+    assert r["flat_s"] == r["time_s"]
     # with tp = 2 the same 8 ranks fill two nodes: the widget follows the plan's link rule
-    box = allreduce_explorer(7e9, 8, "bf16", "InfiniBand HDR 200 Gb/s per GPU", 0.8, 0.09, 8, 450.0, tp=2)
+    box = allreduce_explorer(7e9, 8, "bf16", "InfiniBand HDR 200 Gb/s per NIC", 0.8, 0.09, 8, 450.0, tp=2)
     r = _readout(box)
     assert plan(8, "bf16", tp=2).link == "inter-node"
-    assert r["flat_s"] == f"{plan(8, 'bf16', tp=2).flat_s:.3g} s" and r["bytes"] == "12.2 GB"
+    assert r["time_s"] == f"{plan(8, 'bf16', tp=2).time_s:.3g} s" and r["bytes"] == "12.2 GB"
 
 
 def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas():
@@ -99,3 +104,26 @@ def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas(
     r = _readout(box)
     assert r["headroom"] == "0.90x" and r["idle"] == "10.0%" and r["verdict"] == "fail"
     assert r["measured_idle"] == "12.0%"
+    svg = box.children[3].value            # the 1.2x line the title names is drawn (issue 19)
+    assert re.search(r'aria-label="supply / consumption: 1.2"[^>]*stroke="#c62828"', svg)
+
+
+def test_bubble_explorer_says_what_it_adjusted_for_interleaving():
+    """Interleaved at v=1, m=16, p=6 runs as v=2, m=18: the explorer says so and why, and counts whole
+    chunk activations, never "8.5" micro-batches (issue 19)."""
+    from preflight.models import pipeline as P
+    from preflight.widgets import bubble_explorer
+    from preflight.widgets.load_balance import interleaved_settings
+
+    assert interleaved_settings(6, 18, 2) == (18, 2, "")
+    m, v, why = interleaved_settings(6, 16, 1)
+    assert (m, v) == (18, 2) and "v=2 chunks, not 1" in why and "m=18, not 16" in why
+    box = bubble_explorer(6, 16, "interleaved", 1)
+    r = _readout(box)
+    assert "m=18, not 16" in r["adjusted"].replace("&#x27;", "'")
+    assert r["bubble"] == f"{P.bubble_fraction(6, 18, 2):.1%}"
+    held = P.activation_memory_microbatches(6, 18, "interleaved", 0, v=2)
+    assert r["activations"].startswith(f"{held * 2:.0f} (") and "." not in r["activations"].split(" ")[0]
+    assert "adjusted" in box.children[3].value
+    box = bubble_explorer(4, 8, "1f1b", 1)
+    assert "adjusted" not in _readout(box) and _readout(box)["activations"] == "4"

@@ -3,6 +3,14 @@
 Kept so notebooks are reviewed as Python: edit tools/notebooks/NN_name.py, run
 ``python tools/nbgen.py``. Cells are separated by lines ``# %% [markdown]`` / ``# %%`` (jupytext's
 percent format); a code cell whose first line is ``# parameters`` is tagged for papermill.
+
+What a learner sees when the notebook opens:
+
+- the kernel is ``KERNEL`` ("Python (preflight)", the project's virtual environment, which
+  ``make setup`` registers), so the documented kernel is the one JupyterLab starts;
+- code inputs are collapsed (``{"jupyter": {"source_hidden": true}}``: one click on the cell's bar
+  shows them), so the results come first, except the cells a learner edits: the parameters cell and
+  the exercises' ``prediction = None`` cells. The report hides every input anyway.
 """
 from __future__ import annotations
 
@@ -12,6 +20,12 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
+KERNEL = {"name": "preflight", "display_name": "Python (preflight)", "language": "python"}   # as the Makefile installs it
+
+
+def learner_edits(src: str) -> bool:
+    """Code the learner is meant to edit, so shown expanded: the parameters and the predictions."""
+    return src.startswith("# parameters") or "prediction = None" in src
 
 
 def cells_from_percent(text: str):
@@ -28,6 +42,8 @@ def cells_from_percent(text: str):
             cell = nbformat.v4.new_code_cell(src)
             if src.startswith("# parameters"):
                 cell.metadata["tags"] = ["parameters"]
+            if not learner_edits(src):
+                cell.metadata["jupyter"] = {"source_hidden": True}
             cells.append(cell)
 
     for line in text.splitlines():
@@ -42,8 +58,7 @@ def cells_from_percent(text: str):
 
 def build(src: Path, dst: Path) -> None:
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                   "language_info": {"name": "python"}}
+    nb.metadata = {"kernelspec": dict(KERNEL), "language_info": {"name": "python"}}
     nb.cells = cells_from_percent(src.read_text())
     for i, c in enumerate(nb.cells):
         c["id"] = f"{dst.stem[:2]}-{i:03d}"

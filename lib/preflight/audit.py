@@ -111,6 +111,26 @@ def select_chapters(spec: str | None, available: dict[int, tuple[str, Path]]) ->
     return wanted
 
 
+def check_workload(profile: Profile, profile_path: Path, *, plan_only: bool = False,
+                   results_dir: Path | None = None) -> dict | None:
+    """The profile's workload, checked before any chapter runs: import, ``build()``, the contract's
+    types, one forward/backward and optimizer step on one batch, in a subprocess with a timeout
+    (``preflight.workload.preflight_check``), so a broken or hanging workload costs seconds, not a
+    chapter. Returns what the check saw (entry, class, parameters...), None without a workload or
+    when nothing is measured nor recorded (plan-only: the workload is not imported at all). A bad
+    workload raises ``AuditInputError`` naming it and what is wrong (exit 2, nothing written)."""
+    w = profile.workload
+    if w is None or ((plan_only or not profile.measure) and results_dir is None):
+        return None
+    from preflight.workload import WorkloadError
+    from preflight.workload_check import preflight_check
+
+    try:
+        return preflight_check(w.entry, Path(profile_path).parent)
+    except WorkloadError as err:
+        raise AuditInputError(f"{err} (profile {profile_path}, field workload.entry)") from None
+
+
 def _kernel_manager_class(socket_dir: str, started: list):
     """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
     listens on a port, and ipykernel has nothing to warn about. Each manager is appended to
@@ -212,9 +232,11 @@ def _kernel_name() -> str:
 
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
-              timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print) -> dict:
+              timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print,
+              workload: dict | None = None) -> dict:
     """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
-    Paths must be absolute: the notebooks run with the playbook folder as working directory."""
+    Paths must be absolute: the notebooks run with the playbook folder as working directory.
+    ``workload``: what ``check_workload`` saw (the report's header names it)."""
     from preflight.device import probe
     from preflight.records import versions
 
@@ -260,6 +282,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             "mode": "plan-only" if plan_only or not profile.measure else "measure",
             "profile": profile.model_dump(),
             "profile_path": str(profile_path),
+            "workload": workload,
             "results_dir": str(results_dir) if results_dir else None,
             "machine": probe().as_dict(),
             "versions": versions(),

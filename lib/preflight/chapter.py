@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preflight import REPO, charts
+from preflight import REPO, charts, progress
 from preflight.findings import FindingSink
 from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile, load_profile
@@ -43,6 +43,8 @@ class Chapter:
     out_dir: Path | None           # where this run's records go
     _device: object = None
     measurements: list = field(default_factory=list)   # where each measurement came from (``_log``)
+    profile_path: Path | None = None   # a workload's file entry is relative to it
+    _workload: object = None
 
     @property
     def device(self):
@@ -65,6 +67,25 @@ class Chapter:
         g = self.profile.cluster.gpu
         return self.device.table_key if g == "auto" else g
 
+    @property
+    def workload(self):
+        """The profile's own model (``preflight.workload.Workload``, built on first use), or None: the
+        chapters then measure the reference model. None too when nothing is measured nor recorded
+        (plan-only without ``--results``): the workload is then not imported at all."""
+        if self._workload is None and self.profile.workload is not None and (self.measure or self.results_dir):
+            from preflight.workload import load
+
+            self._workload = load(self.profile.workload.entry, self.profile_path.parent if self.profile_path else None)
+        return self._workload
+
+    def workload_measurement(self, method: Method, run: Callable[[], dict], name: str | None = None) -> Measured | None:
+        """``measurement`` of the workload: its description (entry, class, parameters) goes into the
+        record's params, and only a record of that same workload fits (never one of the reference
+        model, nor of another workload)."""
+        w = self.workload.describe()
+        return self.measurement(method, run, name, params={"workload": w},
+                                match=lambda r: (r.get("params") or {}).get("workload") == w)
+
     def show(self, name: str, chart) -> None:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page."""
         from IPython.display import SVG, display
@@ -75,19 +96,31 @@ class Chapter:
             (self.out_dir / "charts" / f"{self.name}--{name}.svg").write_text(svg)
         display(SVG(svg))
 
-    def table(self, df, **fmt) -> None:
-        """Display a DataFrame (plain HTML table, no styling scripts)."""
+    def table(self, df) -> None:
+        """Display a DataFrame as a plain HTML table for people (``preflight.tables.frame_html``: numbers
+        by ``preflight.numfmt``, readable column names, yes/no, short paths, verdict badges)."""
         from IPython.display import HTML, display
 
-        table = df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", **fmt)
-        display(HTML('<div class="pf-table"><style>.pf-table td, .pf-table th { text-align: left !important; }</style>'
-                     f"{table}</div>"))
+        from preflight.tables import frame_html
+
+        display(HTML('<div class="pf-table"><style>.pf-table td, .pf-table th { text-align: left !important; }'
+                     ".pf-table td.num { text-align: right !important; font-variant-numeric: tabular-nums; }</style>"
+                     f"{frame_html(df)}</div>"))
 
     def note(self, text: str) -> None:
         """A remark in the chapter's prose (Markdown), e.g. what a CPU measurement can and cannot show."""
         from IPython.display import Markdown, display
 
         display(Markdown(f"> **Note.** {text}"))
+
+    def next_steps(self, n: int = 3) -> None:
+        """What to change in the plan, from this chapter's findings (:func:`next_steps_html`): shown by
+        each chapter's closing cell, before its "what you learned, next chapter" text."""
+        from dataclasses import asdict
+
+        from IPython.display import HTML, display
+
+        display(HTML(next_steps_html([asdict(f) for f in self.findings.findings], n)))
 
     def announce(self) -> None:
         """Say where the live measurements run (or that they do not), and warn when the machine is
@@ -106,7 +139,7 @@ class Chapter:
         return self.device.as_dict() if g == "auto" else {"kind": None, "table_key": g}
 
     def measurement(self, method: Method, run: Callable[[], dict], name: str | None = None,
-                    match: Callable[[dict], bool] | None = None) -> Measured | None:
+                    match: Callable[[dict], bool] | None = None, params: dict | None = None) -> Measured | None:
         """The measurement of ``method`` for this chapter, from one of three places, in this order:
 
         1. ``results_dir`` (``--results``): the newest record of that method (for which
@@ -117,7 +150,8 @@ class Chapter:
            ``out_dir/records`` as ``<method>[-name].json``, the same record its command line writes);
         3. None (plan-only, or the method cannot run here): the chapter reports "not measured".
 
-        Every call is logged (``out_dir/measurements/<chapter>.json``: method, where it came from,
+        ``params`` go into a live record's params beside ``quick`` (``workload_measurement`` puts the
+        workload there). Every call is logged (``out_dir/measurements/<chapter>.json``: method, where it came from,
         the record's file, what was wrong with the ones refused)."""
         fit, problems = self._recorded(method, match)
         if fit:
@@ -132,11 +166,33 @@ class Chapter:
             return None
         if self.results_dir:
             print(f"{method.name}: measuring live on {self.device.label} instead")
+        t0 = progress.started(method.name, self.quick, self.device.is_gpu)     # what, and about how long
         results = run()
-        rec = method.record({"quick": self.quick}, results, self.device.as_dict())
+        progress.finished(method.name, t0)
+        rec = method.record({"quick": self.quick, **(params or {})}, results, self.device.as_dict())
         path = save_record(rec, self.out_dir / "records", name=name) if self.out_dir else None
         m = Measured(results, f"measured on {self.device.label}", rec)
         self._log(method, name, "live", m.source, problems, str(path) if path else None)
+        return m
+
+    def recorded(self, method: Method, match: Callable[[dict], bool] | None = None) -> Measured | None:
+        """Only a recorded measurement, never a live one: for what this machine cannot measure by
+        itself (a sweep across Slurm nodes, a node lost under torchrun). The newest fitting record of
+        ``method`` (``match`` as in ``measurement``) in ``results_dir``, else None. Logged when a
+        record is used or refused; when ``results_dir`` holds none, nothing is logged (it was not
+        asked for)."""
+        if not self.results_dir or not [r for r in load_records(self.results_dir, method.name)
+                                         if match is None or match(r)]:
+            return None
+        fit, problems = self._recorded(method, match)
+        if not fit:
+            self._log(method, None, "not measured", "not measured", problems)
+            return None
+        rec = fit[-1]
+        dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
+        m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, {str(rec.get('date', '?'))[:10]})",
+                     rec, "recorded")
+        self._log(method, None, "recorded", m.source, problems, rec["_path"])
         return m
 
     def measurement_set(self, method: Method, run: Callable[[], list[dict]],
@@ -153,7 +209,9 @@ class Chapter:
         if not self.measure:
             self._log(method, None, "not measured", "not measured", problems)
             return None
+        t0 = progress.started(method.name, self.quick, self.device.is_gpu)
         recs = run()
+        progress.finished(method.name, t0)
         if not recs:
             self._log(method, None, "not measured", "not measured", problems)
             return None
@@ -189,6 +247,23 @@ class Chapter:
                               json.dumps(self.measurements, indent=1), fsync=False)
 
 
+def next_steps_html(findings: list[dict], n: int = 3) -> str:
+    """The ``n`` fixes that buy the most among ``findings`` (``preflight.guidance.top_fixes``: failures
+    first, then by how far the deciding number misses its pass bound), as a short numbered list with
+    verdict badges; or one line saying that nothing fails or warns."""
+    from html import escape
+
+    from preflight.guidance import top_fixes
+    from preflight.tables import badge
+
+    fixes = top_fixes(findings, n)
+    head = "<p><b>What to change in your plan</b> (this chapter's findings on your profile"
+    if not fixes:
+        return head + "): nothing here fails or warns. Keep the plan; re-run this chapter when it changes.</p>"
+    items = "".join(f"<li>{badge(f['verdict'])} <code>{escape(f['id'])}</code>: {escape(f['fix'])}</li>" for f in fixes)
+    return head + ", the fix that buys the most first):</p><ol>" + items + "</ol>"
+
+
 def start(name: str, profile_path: str | os.PathLike | None = None, findings_path: str | None = None,
           plan_only: bool = False, results_dir: str | None = None, out_dir: str | None = None,
           quick: bool | None = None) -> Chapter:
@@ -206,4 +281,5 @@ def start(name: str, profile_path: str | os.PathLike | None = None, findings_pat
         measure=not plan_only and profile.measure, quick=quick,
         results_dir=Path(results_dir) if results_dir else None,
         out_dir=Path(out_dir) if out_dir else None,
+        profile_path=Path(profile_path or DEFAULT_PROFILE).resolve(),
     )

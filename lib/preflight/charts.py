@@ -10,7 +10,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from preflight.numfmt import GiB, sci
+from preflight.chartfit import fit_spec, text_px
+from preflight.numfmt import GiB, num, sci
 
 
 def use_offline_renderer() -> None:
@@ -20,16 +21,20 @@ def use_offline_renderer() -> None:
 
 def to_svg(chart: alt.TopLevelMixin) -> str:
     """SVG of ``chart``, whatever its row count (a large pipeline schedule has thousands of bars; the
-    data is embedded in the SVG's source, not served)."""
+    data is embedded in the SVG's source, not served), fitted by ``preflight.chartfit.fit_spec`` so no
+    text runs off its edge."""
     import vl_convert as vlc
 
     with alt.data_transformers.disable_max_rows():
-        return vlc.vegalite_to_svg(chart.to_dict())
+        return vlc.vegalite_to_svg(fit_spec(chart.to_dict()))
 
 
-def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None) -> alt.LayerChart:
+def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None,
+                 source: str = "") -> alt.LayerChart:
     """Amdahl speedup, Gustafson scaled speedup and the ideal line over N (log-log), with the
-    Amdahl ceiling ``1 + Tc/Ts`` as a rule and the profile's target N marked."""
+    Amdahl ceiling ``1 + Tc/Ts`` as a rule and the profile's target N marked. ``source`` says whose
+    Ts and Tc these are ("the profile's step", "this machine's measured step"): chapter 1 shows both,
+    and two ceilings without their source read as a contradiction."""
     from preflight.models.scaling import amdahl_ceiling, speedup_table
 
     ns = sorted({int(round(2 ** (k / 4))) for k in range(0, 4 * max(1, n_max.bit_length()) + 1)
@@ -49,7 +54,7 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
     if n_mark:
         layers.append(alt.Chart(pd.DataFrame({"N": [n_mark]})).mark_rule(color="#546e7a",
                                                                           strokeDash=[2, 2]).encode(x="N:Q"))
-    title = f"Amdahl: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
+    title = f"Amdahl{f' ({source})' if source else ''}: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
     return alt.layer(*layers).properties(width=420, height=260, title=title)
 
 
@@ -132,34 +137,48 @@ def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
 
 
 def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
-           log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = "~s") -> alt.LayerChart:
-    """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``."""
+           log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = "~s",
+           rule_x: float | None = None) -> alt.LayerChart:
+    """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``; with
+    their points marked when no series has more than 12 (a series of one point is then still seen).
+    ``rule_x``: a threshold the title names (the 1.2x rule), drawn red and dashed as in ``headroom_bars``."""
     sx = alt.Scale(type="log") if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     xaxis = alt.Axis(format=x_format, labelOverlap="greedy") if log_x else alt.Axis()
-    layers = [alt.Chart(df).mark_line().encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis),
+    few = int(df.groupby(color).size().max()) <= 12 if len(df) else False     # a one-point series is a dot
+    layers = [alt.Chart(df).mark_line(point=few).encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis),
                                                y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
                                                color=alt.Color(f"{color}:N", title=None))]
     if mark_x is not None:      # same field name as the axis: the axis title stays clean
         layers.append(alt.Chart(pd.DataFrame({x: [mark_x]})).mark_rule(color="#546e7a", strokeDash=[2, 2])
+                      .encode(x=alt.X(f"{x}:Q")))
+    if rule_x is not None:
+        layers.append(alt.Chart(pd.DataFrame({x: [rule_x]})).mark_rule(color="#c62828", strokeDash=[4, 3])
                       .encode(x=alt.X(f"{x}:Q")))
     return alt.layer(*layers).properties(width=420, height=240, title=title)
 
 
 def gantt(timeline: pd.DataFrame, title: str = "") -> alt.LayerChart:
     """A pipeline schedule: one row per stage, a bar per forward (F) / backward (B) of a micro-batch
-    (columns stage, microbatch, chunk, kind, start, end; ``preflight.models.pipeline``)."""
+    (columns stage, microbatch, chunk, kind, start, end; ``preflight.models.pipeline``); zero-bubble
+    schedules add W, the weight gradient split off the backward (``preflight.models.zerobubble``)."""
     d = timeline.assign(label=timeline["microbatch"].astype(str))
+    kinds = ["F", "B", "W"] if (d["kind"] == "W").any() else ["F", "B"]
+    # wider for long schedules (16 px per bar of the busiest stage, 520 to 900 px); a bar shows its
+    # micro-batch number only where the number fits inside it (else the numbers run into each other)
+    width = int(min(900, max(520, 16 * d.groupby("stage").size().max())))
+    px_per_unit = width / max(float(d["end"].max() - d["start"].min()), 1e-9)
+    fits = (d["end"] - d["start"]) * px_per_unit >= d["label"].str.len() * text_px("0", 9) + 3
     y = alt.Y("stage:O", title=None, axis=alt.Axis(labelExpr="'stage ' + datum.value"))   # numeric order
     base = alt.Chart(d).encode(y=y, x=alt.X("start:Q", title="time (units of one forward)"), x2="end:Q")
     bars_ = base.mark_bar(stroke="white", strokeWidth=0.5).encode(
-        color=alt.Color("kind:N", scale=alt.Scale(domain=["F", "B"], range=["#1e88e5", "#fb8c00"]),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=kinds, range=["#1e88e5", "#fb8c00", "#43a047"][:len(kinds)]),
                         title=None),
         opacity=alt.condition("datum.chunk % 2 == 0", alt.value(1.0), alt.value(0.6)))
-    text = alt.Chart(d).mark_text(color="white", fontSize=9).encode(
+    text = alt.Chart(d[fits]).mark_text(color="white", fontSize=9).encode(
         y=y, x=alt.X("mid:Q"), text="label:N").transform_calculate(mid="(datum.start + datum.end) / 2")
-    return alt.layer(bars_, text).properties(width=520, height=28 * d["stage"].nunique() + 20, title=title)
+    return alt.layer(bars_, text).properties(width=width, height=28 * d["stage"].nunique() + 20, title=title)
 
 
 _DURATION_LABEL = ("datum.value < 1/60 ? format(datum.value * 3600, '~g') + ' s' : datum.value < 1 ? "
@@ -303,7 +322,7 @@ def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None,
     df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"], "GiB": terms["bytes"] / GiB})
           if terms is not None else pd.DataFrame({"plan": ["per GPU"], "term": ["(no valid plan)"], "GiB": [0.0]}))
     top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / GiB) * 1.05 or 1.0
-    bars = alt.Chart(df).mark_bar().encode(
+    bars = alt.Chart(df).mark_bar(size=26).encode(
         y=alt.Y("plan:N", title=None), x=alt.X("sum(GiB):Q", title="GiB", scale=alt.Scale(domain=[0, top])),
         color=alt.Color("term:N", title=None, sort=None, scale=alt.Scale(
             domain=["weights", "gradients", "optimizer", "activations", "activations_output", "framework"])),
@@ -312,7 +331,11 @@ def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None,
                                 "'framework'], datum.term)")
     layers = [bars]
     if capacity_bytes:
-        cap = pd.DataFrame({"GiB": [capacity_bytes / GiB], "label": [f"GPU memory {capacity_bytes / GiB:,.0f} GiB"]})
+        # the label sits above the bar (the bar is 26 px in a 64 px row), on the side of the rule with room
+        cap = pd.DataFrame({"GiB": [capacity_bytes / GiB], "label": [f"GPU memory {num(capacity_bytes / GiB)} GiB"]})
+        right_half = capacity_bytes / GiB > top / 2
         layers += [alt.Chart(cap).mark_rule(color="#b71c1c", strokeWidth=2).encode(x="GiB:Q"),
-                   alt.Chart(cap).mark_text(align="left", dx=4, dy=-22, color="#b71c1c").encode(x="GiB:Q", text="label:N")]
-    return alt.layer(*layers).properties(width=480, height=60, title=title)
+                   alt.Chart(cap).mark_text(align="right" if right_half else "left", dx=-4 if right_half else 4,
+                                            baseline="top", color="#b71c1c").encode(
+                       x="GiB:Q", y=alt.value(2), text="label:N")]
+    return alt.layer(*layers).properties(width=480, height=64, title=title)

@@ -111,6 +111,11 @@ def cmd_audit(args) -> int:
     out = Path(args.out) if args.out else Path("reports") / profile.project
     if out.exists() and not out.is_dir():
         _die(f"--out = {args.out!r}: exists and is not a folder")
+    try:       # the workload (your model) checked before anything is written
+        workload = audit.check_workload(profile, Path(args.profile).resolve(), plan_only=args.plan_only,
+                                        results_dir=results)
+    except audit.AuditInputError as err:
+        _die(str(err))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -121,7 +126,7 @@ def cmd_audit(args) -> int:
     try:
         summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
                                   playbook=playbook, plan_only=args.plan_only, results_dir=results,
-                                  timeout_s=args.timeout, quick=args.quick)
+                                  timeout_s=args.timeout, quick=args.quick, workload=workload)
     except FindingsError as err:    # a chapter emitted something outside the contract: a bug, not input
         print(f"error: the report was not written: {err}", file=sys.stderr)
         return 1

@@ -11,16 +11,20 @@ The second computes or measures the answer and gives feedback::
     check(EX["amdahl_256"], prediction)
 
 With no prediction the answer stays hidden (``reveal=True`` shows it anyway: the headless audit
-does not stop to ask). Feedback says how far off the prediction was, on a log scale for quantities
-that span orders of magnitude, and why the answer is what it is. The answer is always computed by
-the library at run time (a formula on the learner's own profile, or a live measurement), never
-stored in the notebook.
+does not stop to ask). Feedback is one line: how far off the prediction was, on a log scale for
+quantities that span orders of magnitude, the answer, and why it is what it is. ``check`` returns
+None, so a notebook cell shows that line and no raw value; :func:`feedback` returns the same as a
+:class:`Feedback` for tests. The answer is always computed by the library at run time (a formula on
+the learner's own profile, or a live measurement), never stored in the notebook. A question must
+not be one the chapter has already answered (``preflight.chapters.exercises`` says how each avoids it).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from preflight.numfmt import num
 
 
 @dataclass(frozen=True)
@@ -63,30 +67,45 @@ def ask(ex: Exercise) -> None:
           "below, then run the next cell)*")
 
 
-def check(ex: Exercise, prediction: float | None, reveal: bool = False) -> dict:
-    """Compute the answer and give feedback on ``prediction``; hidden until a prediction is made
-    (or ``reveal=True``). Returns what was shown, for tests."""
+@dataclass(frozen=True)
+class Feedback:
+    """What :func:`check` shows: one line of Markdown (``text``) and the numbers behind it, for tests.
+    ``error`` is the relative error (or the factor, on a log scale); ``problem`` says why a prediction
+    could not be graded."""
+    text: str
+    revealed: bool = False
+    answer: float | None = None
+    verdict: str | None = None
+    error: float | None = None
+    problem: str | None = None
+
+
+def feedback(ex: Exercise, prediction: float | None, reveal: bool = False) -> Feedback:
+    """The feedback on ``prediction``, without showing it. The answer is not even computed until a
+    prediction is made (or ``reveal=True``): a measured answer costs nothing while hidden."""
     if prediction is None and not reveal:
-        _show("No prediction yet: write a number after `prediction =` in the cell above and run both cells "
-              "again (or call `check(..., reveal=True)` to see the answer).")
-        return {"revealed": False}
+        return Feedback("No prediction yet: write a number after `prediction =` in the cell above and run both "
+                        "cells again (or call `check(..., reveal=True)` to see the answer).")
     if prediction is not None:
         try:
             prediction = float(prediction)
         except (TypeError, ValueError):
-            _show(f"`prediction = {prediction!r}` is not a number: write e.g. `prediction = 12.5`.")
-            return {"revealed": False, "error": "not a number"}
+            return Feedback(f"`prediction = {prediction!r}` is not a number: write e.g. `prediction = 12.5`.",
+                            problem="not a number")
     truth = float(ex.answer())
-    shown = {"revealed": True, "answer": truth}
-    text = f"**Answer: {truth:,.4g} {ex.unit}.**"
-    if prediction is not None:
-        try:
-            verdict, err = grade(prediction, truth, ex.rel_tol, ex.log)
-        except ValueError as e:
-            _show(f"{e}. {text}")
-            return shown | {"error": str(e)}
-        how = f"a factor of {err:.2g}" if ex.log else f"{err:.0%}"
-        text = (f"Your prediction {prediction:,.4g} {ex.unit} is **{verdict}** ({how} from the answer). " + text)
-        shown |= {"verdict": verdict, "error": err}
-    _show(f"{text} {ex.why}")
-    return shown
+    answer = f"**Answer: {num(truth)} {ex.unit}.** {ex.why}"
+    if prediction is None:
+        return Feedback(answer, revealed=True, answer=truth)
+    try:
+        verdict, err = grade(prediction, truth, ex.rel_tol, ex.log)
+    except ValueError as e:
+        return Feedback(f"{e}. {answer}", revealed=True, answer=truth, problem=str(e))
+    how = f"a factor of {err:.2g}" if ex.log else f"{err:.0%}"
+    return Feedback(f"Your prediction {num(prediction)} {ex.unit} is **{verdict}** ({how} from the answer). {answer}",
+                    revealed=True, answer=truth, verdict=verdict, error=err)
+
+
+def check(ex: Exercise, prediction: float | None, reveal: bool = False) -> None:
+    """Show the feedback on ``prediction`` (:func:`feedback`) as one line. Returns None, so the cell
+    shows that line and nothing else."""
+    _show(feedback(ex, prediction, reveal).text)

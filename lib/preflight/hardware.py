@@ -33,44 +33,86 @@ class Chip:
         return asdict(self)
 
 
+# Datasheets, one home each (a row's ``source`` names the column it was read from). "*" figures on NVIDIA
+# datasheets are with 2:4 structured sparsity; the dense rate stored here is half of them, or the dense
+# figure itself where the datasheet prints one (GH200, L40S).
+_A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_H200 = "https://www.nvidia.com/en-us/data-center/h200/"
+_GH200 = "https://nvdam.widen.net/s/rrgqqnpbz8/grace-datasheet-gh200-grace-hopper-superchip-3773000"
+_BLACKWELL = "https://nvdam.widen.net/s/wwnsxrhm2w/blackwell-datasheet-3384703"
+_L40S = "https://www.nvidia.com/en-us/data-center/l40s/"
+
 CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("A100-SXM", 312.0, 312.0, 19.5, 156.0, 2039.0, 80.0, 600.0,
-         "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"),
+         f"NVIDIA A100 datasheet, A100 80GB SXM: BF16/FP16 312 | 624*, TF32 156 | 312*, FP32 19.5, "
+         f"2,039 GB/s, NVLink 600 GB/s ({_A100})"),
     Chip("A100-SXM-40GB", 312.0, 312.0, 19.5, 156.0, 1555.0, 40.0, 600.0,
-         "NVIDIA A100 Tensor Core GPU datasheet (40GB SXM)"),
+         f"NVIDIA A100 datasheet, A100 40GB SXM: compute as the 80GB SXM, 1,555 GB/s ({_A100})"),
     Chip("A100-PCIe", 312.0, 312.0, 19.5, 156.0, 1935.0, 80.0, 600.0,
-         "NVIDIA A100 Tensor Core GPU datasheet (80GB PCIe, NVLink bridge)"),
-    Chip("H100-SXM", 989.4, 989.4, 66.9, 494.7, 3350.0, 80.0, 900.0,
-         "NVIDIA H100 Tensor Core GPU datasheet (SXM5; dense = half the sparse figure)"),
-    Chip("H100-PCIe", 756.5, 756.5, 51.2, 378.0, 2000.0, 80.0, 600.0,
-         "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+         f"NVIDIA A100 datasheet, A100 80GB PCIe: compute as SXM, 1,935 GB/s, NVLink bridge for 2 GPUs "
+         f"600 GB/s ({_A100})"),
+    Chip("A100-PCIe-40GB", 312.0, 312.0, 19.5, 156.0, 1555.0, 40.0, 600.0,
+         f"NVIDIA A100 datasheet, A100 40GB PCIe: compute as SXM, 1,555 GB/s, NVLink bridge for 2 GPUs "
+         f"600 GB/s ({_A100})"),
+    Chip("H100-SXM", 989.5, 989.5, 67.0, 494.5, 3350.0, 80.0, 900.0,
+         f"NVIDIA H100 datasheet, H100 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 80 GB, 3.35 TB/s, "
+         f"NVLink 900 GB/s ({_H100})"),
+    Chip("H100-PCIe", 756.5, 756.5, 51.0, 378.0, 2000.0, 80.0, 600.0,
+         f"NVIDIA H100 datasheet, earlier revision's H100 PCIe column: BF16/FP16 1,513*, TF32 756*, FP32 51, "
+         f"80 GB HBM2e, 2 TB/s, NVLink bridge 600 GB/s (the current revision lists H100 NVL instead; {_H100})"),
     Chip("H100-NVL", 835.5, 835.5, 60.0, 417.5, 3900.0, 94.0, 600.0,
-         "NVIDIA H100 NVL datasheet (per GPU; NVLink bridge 600 GB/s)"),
+         f"NVIDIA H100 datasheet, H100 NVL (per GPU): BF16/FP16 1,671*, TF32 835*, FP32 60, 94 GB, 3.9 TB/s, "
+         f"NVLink 600 GB/s ({_H100})"),
     Chip("H200-NVL", 835.5, 835.5, 60.0, 417.5, 4800.0, 141.0, 900.0,
-         "NVIDIA H200 NVL datasheet (per GPU; 2- or 4-way NVLink bridge)"),
-    Chip("H200-SXM", 989.4, 989.4, 66.9, 494.7, 4800.0, 141.0, 900.0,
-         "NVIDIA H200 Tensor Core GPU datasheet (SXM; same compute as H100 SXM)"),
-    Chip("B200", 2250.0, 2250.0, 75.0, 1125.0, 8000.0, 180.0, 1800.0,
-         "NVIDIA HGX B200 datasheet (per GPU = HGX figure / 8, dense = half the sparse figure)"),
+         f"NVIDIA H200 product page, H200 NVL: BF16/FP16 1,671*, TF32 835*, FP32 60, 141 GB, 4.8 TB/s, "
+         f"2- or 4-way NVLink bridge 900 GB/s per GPU ({_H200}; a copy of the H200 datasheet PDF is "
+         "reported to print 4.2 TB/s for the NVL: measure it)"),
+    Chip("H200-SXM", 989.5, 989.5, 67.0, 494.5, 4800.0, 141.0, 900.0,
+         f"NVIDIA H200 product page, H200 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 141 GB, 4.8 TB/s, "
+         f"NVLink 900 GB/s ({_H200})"),
+    Chip("GH200", 990.0, 990.0, 67.0, 494.0, 4000.0, 96.0, None,
+         f"NVIDIA GH200 Grace Hopper Superchip datasheet, GH200 (96GB HBM3): BF16/FP16 990 dense, TF32 494 "
+         f"dense, FP32 67, up to 4 TB/s; NVLink-C2C 900 GB/s is CPU-GPU, GPU-GPU NVLink depends on the "
+         f"system ({_GH200})"),
+    Chip("GH200-144GB", 990.0, 990.0, 67.0, 494.0, 4900.0, 144.0, None,
+         f"NVIDIA GH200 Grace Hopper Superchip datasheet, GH200 (144GB HBM3e): compute as the 96GB part, "
+         f"up to 4.9 TB/s ({_GH200})"),
+    Chip("B200", 2250.0, 2250.0, 75.0, 1100.0, 7700.0, 180.0, 1800.0,
+         f"NVIDIA Blackwell datasheet, HGX B200 per GPU: BF16/FP16 4.5 PFLOPS*, TF32 2.2 PFLOPS*, FP32 75, "
+         f"180 GB HBM3E, 7.7 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})"),
+    Chip("GB200", 2500.0, 2500.0, 80.0, 1250.0, 8000.0, 186.0, 1800.0,
+         f"NVIDIA Blackwell datasheet, GB200 NVL72 per GPU: BF16/FP16 5 PFLOPS*, TF32 2.5 PFLOPS*, FP32 80, "
+         f"186 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})"),
     Chip("L40S", 362.05, 362.05, 91.6, 183.0, 864.0, 48.0, None,
-         "NVIDIA L40S datasheet (no NVLink; PCIe Gen4 x16)"),
+         f"NVIDIA L40S product page: BF16/FP16 362.05 | 733*, 48 GB GDDR6, 864 GB/s, no NVLink ({_L40S}; "
+         "TF32 183 and FP32 91.6 not re-checked)"),
     Chip("MI300X", 1307.4, 1307.4, 163.4, 653.7, 5300.0, 192.0, 896.0,
-         "AMD Instinct MI300X datasheet (Infinity Fabric: 7 links x 128 GB/s)"),
+         "AMD Instinct MI300X datasheet: FP16/BF16 1,307.4 dense, 192 GB HBM3, 5.3 TB/s, Infinity Fabric "
+         "7 links x 128 GB/s (FP32 163.4 and TF32 653.7 not re-checked)"),
 ]}
 
-# Device names as drivers report them -> table key. First match wins; order from specific to general.
+# Device names as drivers report them -> table key. First match wins, so the order runs from specific to
+# general; ``\b`` keeps "H200" from matching "GH200" and "B200" from matching "GB200". Real names:
+# "NVIDIA GH200 480GB" (96 GB HBM3; 480 GB is the Grace LPDDR5X), "NVIDIA GH200 144G HBM3e",
+# "NVIDIA GB200", "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe".
 _NAME_PATTERNS = [
-    (r"H200.*NVL", "H200-NVL"),
-    (r"H200", "H200-SXM"),
-    (r"H100.*NVL", "H100-NVL"),
-    (r"H100.*PCIe", "H100-PCIe"),
-    (r"H100", "H100-SXM"),
-    (r"A100.*PCIe", "A100-PCIe"),
-    (r"A100.*40GB", "A100-SXM-40GB"),
-    (r"A100", "A100-SXM"),
-    (r"B200", "B200"),
-    (r"L40S", "L40S"),
-    (r"MI300X", "MI300X"),
+    (r"\bGH200\b.*(144G|HBM3e)", "GH200-144GB"),
+    (r"\bGH200\b", "GH200"),
+    (r"\bGB200\b", "GB200"),
+    (r"\bH200\b.*NVL", "H200-NVL"),
+    (r"\bH200\b", "H200-SXM"),
+    (r"\bH100\b.*NVL", "H100-NVL"),
+    (r"\bH100\b.*PCIe", "H100-PCIe"),
+    (r"\bH100\b", "H100-SXM"),
+    (r"\bA100\b(?=.*PCIe)(?=.*40GB)", "A100-PCIe-40GB"),
+    (r"\bA100\b.*PCIe", "A100-PCIe"),
+    (r"\bA100\b.*40GB", "A100-SXM-40GB"),
+    (r"\bA100\b", "A100-SXM"),
+    (r"\bB200\b", "B200"),
+    (r"\bL40S\b", "L40S"),
+    (r"\bMI300X\b", "MI300X"),
 ]
 
 # Per-message latency (alpha) of the communication model, seconds. Typical NCCL small-message
@@ -78,15 +120,14 @@ _NAME_PATTERNS = [
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 10e-6
 
-# Named interconnect tiers for the AllReduce calculator: per-GPU bandwidth, GB/s (bytes). Network links
-# are quoted in Gb/s (bits) and divided by 8 here; a NIC shared by a node's 8 GPUs gives each an eighth.
+# Named interconnect tiers for the AllReduce calculator: the bandwidth of one inter-node NIC, GB/s (bytes;
+# networks are quoted in Gb/s, bits, divided by 8 here). How many NICs a node has is the plan's
+# ``cluster.nics_per_node`` (one per GPU on rail-optimised HGX/DGX nodes; 1 = one shared by the node).
 LINK_TIERS_GBps = {
-    "NVLink 4 (H100, 450 GB/s per direction)": 450.0,
-    "NVLink 3 (A100, 300 GB/s)": 300.0,
-    "InfiniBand NDR 400 Gb/s per GPU": 400 / 8,
-    "InfiniBand HDR 200 Gb/s per GPU": 200 / 8,
-    "100 GbE per GPU": 100 / 8,
-    "25 GbE per node shared by 8 GPUs": 25 / 8 / 8,
+    "InfiniBand NDR 400 Gb/s per NIC": 400 / 8,
+    "InfiniBand HDR 200 Gb/s per NIC": 200 / 8,
+    "100 GbE per NIC": 100 / 8,
+    "25 GbE per NIC": 25 / 8,
 }
 
 

@@ -17,7 +17,8 @@ A number on a page has two jobs: be right, and be read at a glance. The rules us
 """
 from __future__ import annotations
 
-__all__ = ["GiB", "duration", "fmt_delta", "fmt_rel", "fmt_value", "gb", "gib", "num", "pct", "sci"]
+__all__ = ["GiB", "duration", "fmt_delta", "fmt_finding", "fmt_rel", "fmt_value", "gb", "gib", "num", "pct",
+           "percent", "sci", "seconds"]
 
 GiB = 2 ** 30
 _YEAR_S = 365.25 * 86400
@@ -79,8 +80,8 @@ def duration(seconds: float) -> str:
 
 
 def gb(nbytes: float) -> str:
-    """Bytes in decimal gigabytes, three significant digits: ``55.9 GB`` (1 GB = 10^9 bytes)."""
-    return f"{nbytes / 1e9:.3g} GB"
+    """Bytes in decimal gigabytes by :func:`num`: ``55.9 GB``, ``14,000 GB`` (1 GB = 10^9 bytes)."""
+    return f"{num(nbytes / 1e9)} GB"
 
 
 def gib(nbytes: float) -> str:
@@ -90,25 +91,59 @@ def gib(nbytes: float) -> str:
 
 # --- a finding's value in its unit --------------------------------------------------------------------
 
-def fmt_value(value, unit: str) -> str:
-    """A finding's number for people: 12.5%, 3.2x, 56 GB, 5,000 s, yes/no; ``n/a`` when null.
+def percent(x: float) -> str:
+    """Any fraction in percent, signed: ``68.4%``, ``-5.41%``, ``0.00316%``, ``150%`` (:func:`pct` for a
+    share between 0 and 1, three significant digits otherwise)."""
+    if x != x:
+        return "—"
+    if 0 < abs(x) < 1:
+        return ("-" if x < 0 else "") + pct(abs(x))
+    return f"{num(100 * x)}%"
 
-    ``unit`` is the finding's: ``fraction`` prints as a percentage, ``x`` as a factor, ``bytes`` in
-    GB, ``bool`` as yes/no; any other unit is printed after the number (four significant digits,
-    whole numbers with commas from 1000 up)."""
+
+def seconds(s: float) -> str:
+    """A duration in seconds as thresholds state it, with the unit that reads, from 10 min up:
+    ``2.26 s``, ``45 s``, ``5,000 s (83.3 min)``, ``28,420 s (7.89 h)``."""
+    return f"{num(s)} s" if s != s or abs(s) < 600 else f"{num(s)} s ({duration(abs(s))})"
+
+
+def fmt_value(value, unit: str, binary: bool = False) -> str:
+    """A finding's number for people: 12.5%, 3.2x, 56 GB, 5,000 s (83.3 min), yes/no; ``n/a`` when null.
+
+    ``unit`` is the finding's: ``fraction`` prints as a percentage, ``probability`` too, ``x`` as a
+    factor, ``s`` by :func:`seconds`, ``h`` with days from 48 h up, ``bytes`` in GB (data moved or
+    stored, as datasheets count) or, with ``binary``, in GiB (MiB below 1 GiB: memory, as allocators
+    and the memory plan count; :func:`fmt_finding` decides), ``bool`` as yes/no, ``ratio`` as a bare
+    number; any other unit is printed after the number
+    (:func:`num`: three significant digits, commas from 1,000 up, no scientific notation above 0.001)."""
     if value is None:
         return "n/a"
-    if unit == "fraction":
-        return f"{value:.1%}"
+    if unit in ("fraction", "probability"):
+        return percent(value)
     if unit == "x":
-        return f"{value:.3g}x"
+        return f"{num(value)}x"
+    if unit == "s":
+        return seconds(value)
+    if unit == "h" and abs(value) >= 48:
+        return f"{num(value)} h ({duration(abs(value) * 3600)})"
     if unit == "bytes":
+        if binary:
+            return gib(value) if abs(value) >= GiB else f"{num(value / 2 ** 20)} MiB"
         return gb(value)
     if unit == "bool":
         return "yes" if value else "no"
-    if abs(value) >= 1000:
-        return f"{value:,.0f} {unit}".strip()
-    return f"{value:.4g} {unit}".strip()
+    if unit == "ratio":                 # a plain quotient (plan / capacity, async / sync stall)
+        return num(value)
+    return f"{num(value)} {unit}".strip()
+
+
+def fmt_finding(finding: dict) -> str:
+    """A finding's (a findings.json entry's) value in its unit, written as its threshold is: bytes of
+    memory (an id naming ``memory``, e.g. ``baseline/memory_per_gpu``) in GiB, as the memory plan and its
+    chart show them; a ratio judged in percent ("plan / GPU memory: pass <= 90%") in percent (574%)."""
+    if finding["unit"] == "ratio" and finding["value"] is not None and "%" in (finding.get("threshold") or ""):
+        return percent(finding["value"])
+    return fmt_value(finding["value"], finding["unit"], binary="memory" in finding["id"].split("/")[-1])
 
 
 def fmt_delta(delta: float | None, unit: str) -> str:

@@ -8,6 +8,7 @@ Chapters add their own fields here (one schema, one home).
 """
 from __future__ import annotations
 
+import re
 import reprlib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -16,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from preflight.hardware import CHIPS
+from preflight.models.states import STAGES
 
 
 class ProfileError(ValueError):
@@ -52,11 +54,27 @@ class Model(_Strict):
     heads: Annotated[int | None, Field(ge=1, le=100_000, description="attention heads; empty: hidden / 128 "
                                        "(head size 128), at least 1")] = None
     vocab: Annotated[int, Field(ge=1, le=10_000_000, description="vocabulary size, tokens")] = 32_000
+    # The layer's shape and implementation, as the memory planner needs them (preflight.models.activations)
+    attention: Literal["flash", "math"] = Field("flash", description="flash: fused attention kernels "
+                                                "(FlashAttention, SDPA, cuDNN), no s x s scores kept; math: "
+                                                "softmax(q k^T) v written out, keeps them")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="gelu: 2 matrices h x ffn (GPT); swiglu: 3 (Llama)")
+    ffn_hidden: Annotated[int | None, Field(ge=1, le=10_000_000, description="MLP hidden size; empty: 4 x "
+                                            "hidden")] = None
+    kv_heads: Annotated[int | None, Field(ge=1, le=100_000, description="key/value heads (grouped-query "
+                                          "attention); empty: heads")] = None
+    dropout: Annotated[float, Field(ge=0, lt=1, description="dropout probability (GPT-style 0.1; Llama-style "
+                                    "0: no dropout masks kept)")] = 0.1
 
     @property
     def n_heads(self) -> int:
         """``heads``, or hidden / 128 when not given."""
         return self.heads or max(1, self.hidden // 128)
+
+    @property
+    def n_kv_heads(self) -> int:
+        """``kv_heads``, or all heads (multi-head attention) when not given."""
+        return self.kv_heads or self.n_heads
 
 
 # Lower bounds are physical, not "> 0": a step of 1e-300 s or a link of 1e-300 GB/s is a typo, and the
@@ -67,7 +85,11 @@ class Cluster(_Strict):
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
     intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
-    inter_node_Gbps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU inter-node bandwidth, Gb/s")] = 200.0
+    inter_node_Gbps: Annotated[float, Field(ge=1e-3, le=100_000, description="bandwidth of one inter-node NIC, "
+                                            "Gb/s (bits)")] = 200.0
+    nics_per_node: Annotated[int | None, Field(ge=1, le=64, description="inter-node NICs per node; empty: one "
+                                               "per GPU (rail-optimised HGX/DGX), 1 = one NIC shared by the "
+                                               "node")] = None
     node_failure_per_day: Annotated[float, Field(ge=0, lt=1, description="probability a node fails in a day")] = 1e-4
     walltime_h: Annotated[float, Field(ge=0.01, le=10_000, description="job walltime limit, hours")] = 48.0
     gpu_memory_GB: Annotated[float | None, Field(ge=0.1, le=100_000, description="memory per GPU, GB; empty: "
@@ -82,8 +104,15 @@ class Cluster(_Strict):
 
 
 class Training(_Strict):
-    step_compute_s: Annotated[float, Field(ge=1e-6, le=1e5, description="parallelisable compute per step on one GPU, s")] = 0.8
-    step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part per step, s")] = 0.09
+    # One GPU's share of one optimizer step at the target layout (forward + backward of all its
+    # micro-batches; serial: data waits, barriers, eval, logging). Under weak scaling (the default) that
+    # is also one GPU's step at every smaller scale: the per-GPU batch is fixed. Under strong scaling the
+    # global batch is fixed and the profile's step is the work that N GPUs share (Amdahl's framing).
+    step_compute_s: Annotated[float, Field(ge=1e-6, le=1e5, description="parallelisable compute of one GPU's "
+                                           "step at the target layout, s")] = 0.8
+    step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part of one GPU's step, s")] = 0.09
+    scaling: Literal["weak", "strong"] = Field("weak", description="weak: the per-GPU batch is fixed as GPUs are "
+                                               "added; strong: the global batch is fixed")
     grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     tp: Annotated[int, Field(ge=1, le=1024, description="tensor-parallel size")] = 1
     pp: Annotated[int, Field(ge=1, le=1024, description="pipeline-parallel size")] = 1
@@ -99,6 +128,12 @@ class Training(_Strict):
                                      "gradients, 3 + weights sharded over data parallelism")] = 0
     activation_recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
+    framework: Literal["deepspeed", "megatron", "fsdp2"] = Field(
+        "deepspeed", description="layout of the model states (preflight.models.states): deepspeed 2+2+12 B per "
+        "parameter, ZeRO 0-3; megatron 2+4+12, zero_stage 1 = distributed optimizer; fsdp2 4+4+8, zero_stage 3")
+    shard_group: Literal["dp", "node"] = Field("dp", description="ZeRO / FSDP sharding group: dp = every data-"
+                                               "parallel rank; node = the ranks of one node, replicated across "
+                                               "nodes (HSDP)")
     checkpoint_interval_s: Annotated[float | None, Field(ge=1, le=1e7, description="the plan's checkpoint "
                                      "interval, s; empty: not decided (chapter 5 proposes the optimum)")] = None
 
@@ -125,6 +160,24 @@ class Data(_Strict):
         return v
 
 
+_ENTRY = re.compile(r"^(?:[^:]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
+
+
+class WorkloadEntry(_Strict):
+    """The team's own model as the subject of the live measurements (``preflight.workload``)."""
+    entry: str = Field(max_length=4096, description="'file.py:build' (a file relative to the profile) or "
+                                                    "'package.module:build' (importable); build() returns model, "
+                                                    "batch and loss (README: Audit your own model)")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_form(cls, v: str) -> str:
+        if not _ENTRY.match(v):
+            raise ValueError(f"{_short(v)} is not an entry point; accepted: 'my_workload.py:build' (a file "
+                             "relative to the profile) or 'package.module:build'")
+        return v
+
+
 class Profile(_Strict):
     project: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$",
                          description="report folder name: letters, digits, - and _ (1-64)")
@@ -132,6 +185,8 @@ class Profile(_Strict):
     cluster: Cluster = Cluster()
     training: Training = Training()
     data: Data = Data()
+    workload: WorkloadEntry | None = Field(None, description="your own model, measured in every chapter "
+                                           "instead of the reference model; empty: the reference model")
     measure: bool = Field(True, description="false = plan-only: formulas on the profile, no live measurement")
     notes: str = Field("", max_length=10_000)
 
@@ -150,6 +205,16 @@ class Profile(_Strict):
             raise ValueError(f"model.heads = {m.n_heads} must divide model.hidden = {m.hidden}")
         if m.n_heads % t.tp:
             raise ValueError(f"training.tp = {t.tp} must divide model.heads = {m.n_heads} (each GPU holds whole heads)")
+        if m.n_heads % m.n_kv_heads:
+            raise ValueError(f"model.kv_heads = {m.n_kv_heads} must divide model.heads = {m.n_heads}")
+        if m.n_kv_heads % t.tp:
+            raise ValueError(f"training.tp = {t.tp} must divide model.kv_heads = {m.n_kv_heads} (each GPU holds "
+                             "whole key/value heads)")
+        stages = STAGES[t.framework]
+        if t.zero_stage not in stages:
+            raise ValueError(f"training.zero_stage = {t.zero_stage} is not available with training.framework = "
+                             f"{t.framework}: accepted {', '.join(map(str, stages))} (megatron: 1 = distributed "
+                             "optimizer; fsdp2 always shards weights, gradients and optimizer state: set 3)")
         if t.pipeline_schedule != "interleaved" and t.interleave != 1:
             raise ValueError(f"training.interleave = {t.interleave} needs pipeline_schedule: interleaved")
         return self
@@ -162,6 +227,21 @@ class Profile(_Strict):
     @property
     def dp(self) -> int:
         return self.gpus // (self.training.tp * self.training.pp)
+
+    @property
+    def gpu_step_s(self) -> tuple[float, float]:
+        """(serial, compute) seconds of one GPU's step at the target layout.
+
+        Weak scaling: the profile's figures. Strong scaling: the profile's step is the fixed work all
+        ``gpus`` share, so each GPU computes ``step_compute_s / gpus`` (the serial part does not shrink).
+        """
+        t = self.training
+        return t.step_serial_s, t.step_compute_s / (self.gpus if t.scaling == "strong" else 1)
+
+    @property
+    def nics_per_node(self) -> int:
+        """``cluster.nics_per_node``, or one NIC per GPU when not given."""
+        return self.cluster.nics_per_node or self.cluster.gpus_per_node
 
 
 def _accepted_range(loc: tuple) -> str:

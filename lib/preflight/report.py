@@ -4,13 +4,15 @@ Everything here reads findings.json through :func:`load_findings`, which checks 
 published JSON Schema (``preflight/schema/findings.schema.json``, draft 2020-12) before a single
 field is used: a report never shows a file that breaks the contract, it names the broken field.
 
-``index.html`` reads like an audit: project, machine, date and versions; a verdict table with one
-row per chapter (one pitfall each): its worst verdict, the deciding number (the worst finding's
-value and unit), the threshold it was judged against and the fix, under the chapter's pitfall (from
-``preflight.chapters.registry``); then one section per chapter with every finding and the chapter's
-key charts, each linked to its full chapter page (the executed notebook converted to HTML). No
-script, no external URL: charts are inline SVG, styles inline, and every string that came from the
-user (project, notes, paths) goes through :func:`esc`.
+``index.html`` reads like an audit (built in :mod:`preflight.report_index`): project, machine, date
+and versions; the overall verdict and the three fixes that buy the most (:mod:`preflight.guidance`
+says how they are ranked); a verdict table with one row per chapter (one pitfall each): its worst
+verdict, the deciding number, the threshold that number was judged against and the fix; then one
+section per chapter with the findings that decide it first, the rest folded, and the chapter's key
+charts under real titles, each section linked to its full chapter page (the executed notebook
+converted to HTML, :func:`chapter_html`). No script, no external URL: charts are inline SVG, styles
+inline, and every string that came from the user (project, notes, paths) goes through :func:`esc`.
+Numbers are written by :mod:`preflight.numfmt`, one formatter for every page.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ import re
 from pathlib import Path
 
 from preflight.chapters.registry import BY_NAME
-from preflight.findings import SCHEMA_PATH, VERDICT_RANK
+from preflight.findings import SCHEMA_PATH
 from preflight.fsutil import atomic_write_text
-from preflight.numfmt import fmt_value
+from preflight.guidance import deciding  # noqa: F401 - the report's rule, used by tests and callers
+from preflight.numfmt import fmt_finding, fmt_value  # noqa: F401 - one formatter for every page
 
 SCHEMA_TAG = "preflight-findings/1"
 
@@ -110,11 +113,16 @@ h1{margin-bottom:.2em} .meta{color:#555;font-size:.92em} .notes{white-space:pre-
 table{border-collapse:collapse;margin:1em 0;width:100%;font-size:.92em}
 th,td{border:1px solid #d5d9e0;padding:.35em .55em;text-align:left;vertical-align:top}
 th{background:#f1f3f6} td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-table.facts{width:auto} table.facts th{font-weight:600;white-space:nowrap}
+table.facts{width:auto} table.facts th{font-weight:600;white-space:nowrap} table.facts td{overflow-wrap:anywhere}
+table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20%} .src{color:#555;font-size:.88em}
 .v{white-space:nowrap;font-weight:700;text-transform:uppercase;font-size:.82em;padding:.1em .45em;border-radius:3px;color:#fff}
 .v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-info{background:#546e7a}
 .v-error{background:#6a1b9a}.ch-improved{color:#2e7d32;font-weight:700}.ch-worse{color:#c62828;font-weight:700}
-.charts{display:flex;flex-wrap:wrap;gap:1em}.charts figure{margin:0;max-width:100%}
+.guidance{border-left:4px solid #c62828;background:#fbf3f3;padding:.6em 1em;margin:1.2em 0}
+.guidance.ok{border-color:#2e7d32;background:#f2f8f2} .overall{font-size:1.15em;font-weight:700;margin:.2em 0}
+ol.fixes{margin:.4em 0 .4em 1.2em;padding:0} ol.fixes li{margin:.35em 0}
+details{margin:.2em 0 1em} summary{cursor:pointer;color:#37474f;font-weight:600}
+.charts figure{margin:1.4em 0} figcaption{font-weight:700;font-size:1.05em;margin:0 0 .3em}
 svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
 .jp-InputPrompt,.jp-OutputPrompt{display:none} .jp-RenderedHTMLCommon table{width:auto}
 @page{size:A4;margin:16mm 14mm}
@@ -123,9 +131,11 @@ svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:a
  a{color:inherit;text-decoration:none} a[href]:not([href^='#'])::after{content:" (" attr(href) ")";
   font-size:.85em;color:#555;overflow-wrap:anywhere}
  section.chapter{break-before:page} h1,h2,h3{break-after:avoid} thead{display:table-header-group}
- tr,figure,.charts figure,table.verdicts,table.facts{break-inside:avoid} pre{white-space:pre-wrap}
+ tr,figure,.charts figure,table.verdicts,table.facts,.guidance{break-inside:avoid} pre{white-space:pre-wrap}
  table{font-size:8.5pt} td,th{padding:.25em .4em}
- .charts{display:block} .charts figure{margin:0 0 .8em} svg{width:100%;max-height:120mm}
+ details::details-content{content-visibility:visible;display:block} summary{list-style:none}
+ .charts figure{margin:0 0 .8em} svg{width:100%;max-height:120mm}
+ .guidance{background:none}
  .v{border:1px solid #000;color:#000!important;background:none!important}}
 """
 
@@ -141,7 +151,8 @@ def fid(finding_id: str) -> str:
 
 
 def verdict_badge(v: str) -> str:
-    return f'<span class="v v-{esc(v)}">{esc(v)}</span>'
+    """A verdict as a coloured badge, capitalised (FAIL, PASS...); print CSS draws it black on white."""
+    return f'<span class="v v-{esc(v)}">{esc(str(v).upper())}</span>'
 
 
 def page(title: str, body: str) -> str:
@@ -159,36 +170,12 @@ def table(head: list[str], rows: list, cls: str = "") -> str:
     return f"<table class='{cls}'><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
 
 
-def deciding(findings: list[dict]) -> dict | None:
-    """The finding that sets a chapter's verdict: the worst one; among equals the first that has a
-    number (a deciding *number* is the point), else the first."""
-    if not findings:
-        return None
-    return max(findings, key=lambda f: (VERDICT_RANK[f["verdict"]], f["value"] is not None))
-
-
-def findings_table(findings: list[dict]) -> str:
-    rows = [(f["id"], f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_value(f['value'], f['unit']))}</td>"
-            f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td><td>{esc(f['message'])}</td>"
-            f"<td>{esc(f['fix'])}</td><td>{esc(f['source'])}</td>") for f in findings]
-    return table(["finding", "value", "verdict", "threshold", "what it means", "fix", "source"], rows, "findings")
-
-
 def scoped_svg(text: str, prefix: str) -> str:
     """Prefix an SVG's element ids (``clip1`` ...) and their ``#`` references: several inline SVGs in
     one page share one id space, and a repeated id would clip a chart with another chart's shape."""
     for i in set(re.findall(r'\bid="([^"]+)"', text)):
         text = re.sub(rf'(\bid="|#){re.escape(i)}(?=["\)])', rf"\g<1>{prefix}-{i}", text)
     return text
-
-
-def chapter_charts(out_dir: Path, chapter: str) -> str:
-    """The chapter's key charts: ``charts/<chapter>--<what>.svg``, written by the notebook."""
-    figs = []
-    for svg in sorted((out_dir / "charts").glob(f"{chapter}--*.svg")):
-        caption = svg.stem.split("--", 1)[1].replace("_", " ")
-        figs.append(f"<figure>{scoped_svg(svg.read_text(), svg.stem)}<figcaption>{esc(caption)}</figcaption></figure>")
-    return f"<div class='charts'>{''.join(figs)}</div>" if figs else ""
 
 
 def chapter_title(c: dict) -> str:
@@ -222,59 +209,62 @@ def facts_table(s: dict, notes: bool = False) -> str:
              ("Machine", machine_text(s["machine"])), ("Date", s["date"]),
              ("Mode", s["mode"]), ("Duration", f"{s['elapsed_s']:.1f} s"), ("Versions", vers),
              ("Profile", s["profile_path"])] + ([("Recorded results", s["results_dir"])] if s["results_dir"] else [])
+    if w := s.get("workload"):          # the team's own model, measured instead of the reference model
+        facts.insert(1, ("Workload", f"{w['class']} ({w['params']:,} parameters) from {w['entry']}"))
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
     return f"<table class='facts'>{rows}</table>"
 
 
-def _counts(findings: list[dict]) -> str:
-    n = {v: sum(f["verdict"] == v for f in findings) for v in VERDICT_RANK}
-    return ", ".join(f"{n[v]} {v}" for v in reversed(VERDICT_RANK) if n[v]) or "no findings"
+# Printed by a notebook only where it cannot show widgets (the audit runs headless): on a report page
+# it reads as an instruction that cannot be followed there.
+NOTEBOOK_ONLY = ("Sliders: open this chapter in JupyterLab",)
+_ANCHOR = re.compile(r'<a class="anchor-link" href="[^"]*">[^<]*</a>')
+# The chapters' closing links, written for JupyterLab (playbook/): on a report page the next chapter is
+# its page, the playbook's index is the audit summary, and the glossary (not in the report) is plain text.
+_PLAYBOOK_LINKS = ((re.compile(r'href="(\d\d_\w+)\.ipynb"'), r'href="\1.html"'),
+                   (re.compile(r'href="README\.md"'), 'href="index.html"'),
+                   (re.compile(r'<a href="glossary\.md">([^<]*)</a>'), r"\1 (docs/glossary.md)"))
 
 
-def index_html(summary: dict, out_dir: Path) -> str:
-    """The audit summary page; ``summary`` as returned by :func:`load_findings`."""
-    by_ch = {c["number"]: [f for f in summary["findings"] if f["chapter"] == c["number"]]
-             for c in summary["chapters"]}
-    rows, sections = [], []
-    for c in summary["chapters"]:
-        found, d = by_ch[c["number"]], deciding(by_ch[c["number"]])
-        pitfall = f"pitfall: {esc(chapter_pitfall(c))}<br>" if chapter_pitfall(c) else ""
-        rows.append(
-            f"<td><a href='{esc(chapter_page(c))}'>{esc(chapter_title(c))}</a>"
-            f"<br><span class='meta'>{pitfall}{esc(_counts(found))}</span></td>"
-            f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
-            f"<td class='num'>{esc(fmt_value(d['value'], d['unit'])) if d else ''}</td>"
-            f"<td>{esc(d['threshold']) if d else ''}</td><td>{esc(d['fix']) if d else ''}</td>")
-        err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""
-        sections.append(
-            f"<section class='chapter' id='ch{c['number']}'><h2>{esc(chapter_title(c))} "
-            f"{verdict_badge(chapter_verdict(c))}</h2>"
-            f"<p class='meta'>{esc(c['status'])} in {c['elapsed_s']:.1f} s · "
-            f"<a href='{esc(chapter_page(c))}'>chapter page</a> · "
-            f"<a href='{esc(c['notebook'])}'>executed notebook</a></p>{err}"
-            f"{findings_table(found)}{chapter_charts(out_dir, c['name'])}</section>")
-    notes = f"<p class='notes'>{esc(summary['notes'])}</p>" if summary["notes"] else ""
-    body = (f"<h1>Preflight audit: {esc(summary['project'])}</h1>{notes}{facts_table(summary)}"
-            "<h2>Verdicts</h2><p class='meta'>One row per chapter: its worst verdict and the finding that "
-            "decided it.</p>"
-            + table(["chapter", "verdict", "deciding finding", "value", "threshold", "fix"], rows, "verdicts")
-            + "".join(sections)
-            + "<p class='meta'>findings.json holds every number above, machine-readable "
-              "(schema: preflight/schema/findings.schema.json).</p>")
-    return page(f"Preflight audit: {summary['project']}", body)
+def playbook_links(body: str) -> str:
+    """``body`` with the playbook's relative links pointed at the report's pages (:data:`_PLAYBOOK_LINKS`)."""
+    for pattern, repl in _PLAYBOOK_LINKS:
+        body = pattern.sub(repl, body)
+    return body
+
+
+def drop_notebook_only(nb) -> None:
+    """Remove the lines of :data:`NOTEBOOK_ONLY` from the printed output of ``nb`` (in place); an
+    output left empty goes too."""
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                lines = [ln for ln in out["text"].splitlines(keepends=True)
+                         if not ln.lstrip().startswith(NOTEBOOK_ONLY)]
+                if not lines:
+                    continue
+                out["text"] = "".join(lines)
+            kept.append(out)
+        cell["outputs"] = kept
 
 
 def chapter_html(notebook: Path, title: str) -> str:
     """A chapter page from its executed notebook: nbconvert's script-free ``basic`` template,
-    inputs hidden (the executed notebook keeps the code), wrapped in the report's own page."""
+    inputs hidden (the executed notebook keeps the code), wrapped in the report's own page; without
+    the notebook-only lines (:func:`drop_notebook_only`) and the "¶" link nbconvert puts after
+    every heading."""
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook, as_version=4)
+    drop_notebook_only(nb)
     body, _ = HTMLExporter(template_name="basic", exclude_input=True,
                            exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
     nav = "<p class='meta'><a href='index.html'>&larr; audit summary</a></p>"
-    return page(title, nav + body)
+    return page(title, nav + playbook_links(_ANCHOR.sub("", body)))
 
 
 def write_report(summary: dict | None, out_dir: Path) -> Path:
@@ -297,6 +287,8 @@ def write_report(summary: dict | None, out_dir: Path) -> Path:
                     f"The chapter ran: its findings are in the summary, its outputs in the executed notebook "
                     f"<a href='{esc(c['notebook'])}'>{esc(c['notebook'])}</a>.</p>"))
             atomic_write_text(out_dir / chapter_page(c), html, fsync=False)
+    from preflight.report_index import index_html
+
     index = out_dir / "index.html"
     atomic_write_text(index, index_html(data, out_dir), fsync=False)   # last: its presence means the report is complete
     return index

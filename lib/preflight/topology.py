@@ -1,7 +1,8 @@
 """Who talks to whom, and over which wire (pitfalls brief, section 3).
 
-Inside a node GPUs talk over NVLink (hundreds of GB/s); between nodes over InfiniBand or Ethernet
-(25-200 Gb/s per GPU): two orders of magnitude apart. So the first question about a parallel layout
+Inside a node GPUs talk over NVLink (hundreds of GB/s: 450 GB/s on H100); between nodes over
+InfiniBand or Ethernet, 200-400 Gb/s = 25-50 GB/s per NIC: about 9-18x apart (the "two orders of
+magnitude" of the saying holds only for a slow NIC shared by the node). So the first question about a parallel layout
 is which traffic crosses nodes. Three tools here:
 
 1. **Placement rules** on the profile's layout. Megatron-LM's default rank order puts tensor
@@ -11,8 +12,9 @@ is which traffic crosses nodes. Three tools here:
        rank = tp_rank + tp * (dp_rank + dp * pp_stage)        node = rank // gpus_per_node
 
    Tensor parallelism all-reduces activations in every layer, so a TP group must sit inside one
-   node. Data-parallel groups all-reduce gradients once per step; crossing nodes is normal, and NCCL
-   makes it hierarchical (NVLink inside the node first, then the network). Pipeline stages only send
+   NVLink domain (the node; 72 GPUs on an NVL72 rack). Data-parallel groups all-reduce gradients once
+   per step; crossing nodes is normal: NCCL's rings enter and leave each node once, one NIC per rank of
+   the group (``preflight.models.comm``). Pipeline stages only send
    activations point-to-point, which the network carries well.
 2. **``nvidia-smi topo -m``**, read into a table: the link between every pair of GPUs and NICs.
 3. What NCCL really chose, from its ``NCCL_DEBUG=INFO`` log: ``preflight.nccl_log``.
@@ -76,7 +78,8 @@ def check_layout(gpus_per_node: int, nodes: int, tp: int = 1, pp: int = 1) -> li
         crossing = int(np.count_nonzero(starts // gpn != (starts + tp - 1) // gpn))
         why = f"tp={tp} > {gpn} GPUs per node" if tp > gpn else f"tp={tp} does not divide {gpn} GPUs per node"
         a = False, "fail", (f"{why}: {crossing} of {len(starts)} tensor-parallel groups straddle nodes, so every "
-                            "layer's all-reduce goes over the network (~100x slower than NVLink). Use tp in "
+                            "layer's all-reduce goes over the network (~9-18x less bandwidth than NVLink, and on the critical "
+                            "path of every layer). Use tp in "
                             f"{[d for d in range(1, gpn + 1) if gpn % d == 0]}; scale across nodes with pp, dp.")
     # (d) the layout must tile the machine; (b) and (c) need it.
     divisible = gpus % (tp * pp) == 0
@@ -107,8 +110,8 @@ def _dp_rule(gpn: int, nodes: int, tp: int, pp: int, dp: int) -> tuple:
     alone = (" One member per node: no NVLink stage, every byte crosses the network, and the "
              f"{gpn} groups of a node share its NICs.") if hi == 1 else ""
     return True, "info", (f"{head}, each spanning {span} nodes ({hi} GPU{'s' * (hi > 1)} per node): the gradient "
-                          "all-reduce crosses nodes. NCCL does it hierarchically (reduce inside the node over "
-                          "NVLink first, then across nodes), so the per-GPU inter-node bandwidth sets its time "
+                          "all-reduce crosses nodes. NCCL's rings enter and leave each node once, through one NIC per "
+                          f"rank of the group in that node ({hi} here), so the NICs' bandwidth sets its time "
                           f"(models/comm.py).{alone}")
 
 

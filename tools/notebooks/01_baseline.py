@@ -32,6 +32,8 @@ quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 
 # %%
+print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
+
 import os
 
 import pandas as pd
@@ -86,11 +88,24 @@ else:
 #
 # The step timer below (`preflight.timing.StepTimer`) is the one you can drop into your own loop: it
 # splits each step into data wait / forward / backward / optimizer / other.
+#
+# **Your own model.** When the profile names a workload (`workload: entry: my_workload.py:build`, see
+# the README), this section and the next two measure *it* instead of the reference Transformer: its
+# own batches, loss and optimizer, its parameters counted exactly, the FLOPs of its step counted op by
+# op, and torch.compile on its own forward and backward.
 
 # %%
 from preflight.bench import baseline as bench_baseline
+from preflight.bench import workload_baseline as bench_wl
 
-base = ch.measurement(bench_baseline.METHOD, lambda: bench_baseline.measure_baseline(ch.torch_device, quick=ch.quick))
+wl = ch.workload        # the profile's own model (preflight.workload), or None: the reference model
+if wl:
+    print(f"measuring {wl.label} from {wl.entry}, not the reference model")
+    base = ch.workload_measurement(bench_wl.METHOD, lambda: bench_wl.measure_baseline(wl, ch.torch_device,
+                                                                                       quick=ch.quick))
+else:
+    base = ch.measurement(bench_baseline.METHOD, lambda: bench_baseline.measure_baseline(ch.torch_device,
+                                                                                         quick=ch.quick))
 if base:
     r = base.results
     print(base.source)
@@ -102,7 +117,7 @@ if base:
     if r["categories"]:
         ch.show("op_categories", charts.share_bar(bench_baseline.categories_frame(r), "category",
                                                   title="Op categories (profiler self time)"))
-    nv = r["nvml"]
+    nv = r.get("nvml") or {"available": False, "reason": "not sampled"}
     print("NVML:", nv if nv.get("available") else f"not available ({nv.get('reason')})")
 else:
     print("not measured (plan-only)")
@@ -114,10 +129,13 @@ else:
 # embeddings, L layers, h hidden size, s sequence length). `torch.utils.flop_counter` counts the real
 # matmul FLOPs of one step; the two should agree closely. MFU = achieved model FLOP/s / peak FLOP/s.
 # When the chip is not in the hardware table (a CPU, say) the datasheet MFU is **left empty** rather
-# than guessed.
+# than guessed. For a workload the count is the measure (its FLOPs per sample), and the formula is shown
+# beside it only where the model is a Transformer built from `torch.nn` attention layers.
 
 # %%
-if base:
+if base and wl:
+    ch.table(bench_wl.flops_table(base.results))
+elif base:
     f, m = base.results["flops"], base.results["mfu"]
     ch.table(pd.DataFrame([
         {"quantity": "FLOPs per step, counted (FlopCounterMode)", "value": f"{f['counted_per_step']:.4g}"},
@@ -140,9 +158,21 @@ if base:
 # block, eager vs compiled.
 
 # %%
+from preflight.chapters import exercises as X
+from preflight.exercises import ask, check
+
+if ch.measure or results_dir:          # predict before the measurement below shows it
+    ask(X.fusion(on_workload=bool(wl)))
+prediction = None       # your answer
+
+# %%
 from preflight.bench import fusion as bench_fusion
 
-fus = ch.measurement(bench_fusion.METHOD, lambda: bench_fusion.measure_fusion(ch.torch_device, quick=ch.quick))
+if wl:       # torch.compile on the workload's own forward + backward: does fusion help *your* model?
+    fus = ch.workload_measurement(bench_wl.FUSION, lambda: bench_wl.measure_fusion(wl, ch.torch_device,
+                                                                                    quick=ch.quick))
+else:
+    fus = ch.measurement(bench_fusion.METHOD, lambda: bench_fusion.measure_fusion(ch.torch_device, quick=ch.quick))
 if fus and fus.results.get("available"):
     fr = fus.results
     ch.show("fusion", charts.bars(pd.DataFrame({
@@ -157,15 +187,38 @@ if fus and fus.results.get("available"):
         ch.note(note)
 elif fus:
     print("torch.compile not available here:", fus.results.get("reason"))
-B.add_measured_findings(ch.findings, base, fus)
+measured_fusion = fus.results.get("speedup_fwd_bwd") if fus and fus.results.get("available") else None
+if measured_fusion:
+    check(X.fusion(measured_fusion, bool(wl)), prediction, reveal=not interactive)
+if wl:
+    from preflight.chapters import workload as W
+
+    W.add_baseline_findings(ch.findings, prof, base, fus)
+else:
+    B.add_measured_findings(ch.findings, base, fus)
 
 # %% [markdown]
-# ## 5. Amdahl: the serial part sets the ceiling
+# ## 5. Amdahl and Gustafson: what the serial part costs
 #
 # Step time T = Ts (serial: data waits, synchronisation points, evaluation barriers, logging) + Tc
-# (parallelisable compute). With N workers and a fixed workload, **S(N) = (Ts + Tc) / (Ts + Tc/N)**, and
-# S can never exceed **1 + Tc/Ts**: 10 % serial caps the speedup at 10x, 5 % at 20x, however many GPUs.
-# Gustafson (work grows with N, as with a fixed per-GPU batch): S = N - s(N - 1).
+# (parallelisable compute). The profile gives **one GPU's** step at the target layout.
+#
+# - **Strong scaling** (the global batch is fixed, the work is split N ways): **S(N) = (Ts + Tc) / (Ts +
+#   Tc/N)**, never more than **1 + Tc/Ts** (Amdahl). The saying "10 % serial caps you at 10x" is this
+#   law, and it is true when the 10 % is measured on the run you are splitting and the serial part does
+#   not shrink.
+# - **Weak scaling** (the per-GPU batch is fixed, as data-parallel pre-training usually runs): N GPUs do N
+#   times the work per step; the serial share s measured at that scale costs the same fraction at every
+#   N: **S(N) = N − s(N − 1)** (Gustafson). The field case's 10 % then costs ~10 % (920x at 1024 GPUs),
+#   not 99 %.
+#
+# Both laws are one algebra: Amdahl's s is measured on one GPU, Gustafson's on N. `training.scaling`
+# (weak by default) says which one describes the plan; that one carries the verdict, the other is shown
+# as what the other policy would give.
+#
+# **Is the plan possible at all?** `baseline/implied_mfu` divides the FLOPs of one GPU's step
+# ((6N + 12·L·h·s) × tokens / (tp·pp)) by its compute time and the chip's dense peak: over 100 % the
+# plan's numbers cannot be true, over 60 % they beat published large runs.
 #
 # Field case: a team tuned communication for weeks to lift efficiency from 60 % to 75 %; the real serial
 # point was a full validation pass at each epoch end (8 % of the time). Find the serial points first.
@@ -175,7 +228,7 @@ B.add_measured_findings(ch.findings, base, fus)
 
 # %%
 ts, tc = B.serial_parallel(prof)
-ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus))
+ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus, source="the profile's step"))
 from preflight.bench import scaling as bench_scaling
 
 stage_dir = os.path.join(ch.out_dir, "records", "scaling") if ch.out_dir else None
@@ -184,11 +237,13 @@ stages = bench_scaling.stages_frame(scal.results["records"]) if scal else None
 # recorded stages (your cluster's, --results) replace the model's points on the curve; this machine's do not
 curve_measured = bench_scaling.measured_efficiencies(stages) if scal and scal.origin == "recorded" else None
 curve = B.plan_curve(prof, curve_measured)
-B.add_plan_findings(ch.findings, prof, curve)
+B.add_plan_findings(ch.findings, prof, curve, ch.gpu_key)
 if base:
     ts_m, tc_m = B.measured_serial_parallel(base.results["composition"])
-    print(f"measured here: serial {ts_m * 1e3:.1f} ms, parallel {tc_m * 1e3:.1f} ms per step "
-          f"(serial share {scaling.serial_fraction(ts_m, tc_m):.1%}, ceiling {scaling.amdahl_ceiling(ts_m, tc_m):.3g}x)")
+    print(f"The chart is the profile's step (ceiling {scaling.amdahl_ceiling(ts, tc):.3g}x; it carries the verdict). "
+          f"This machine's measured step, where the sliders below start: serial {ts_m * 1e3:.1f} ms, parallel "
+          f"{tc_m * 1e3:.1f} ms (serial share {scaling.serial_fraction(ts_m, tc_m):.1%}, ceiling "
+          f"{scaling.amdahl_ceiling(ts_m, tc_m):.3g}x): a different model on a different device, so a different ceiling.")
 else:
     ts_m, tc_m = ts, tc
 
@@ -197,7 +252,7 @@ if interactive:
     from IPython.display import display
 
     from preflight.widgets import amdahl_explorer
-    display(amdahl_explorer(ts_m, tc_m, prof.gpus))
+    display(amdahl_explorer(ts_m, tc_m, prof.gpus, source="this machine's measured step" if base else "the profile's step"))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
@@ -205,7 +260,8 @@ else:
 # ## 6. Scale in stages: 1 -> 8 -> 64 -> 512 -> target
 #
 # Record throughput and efficiency at each stage and draw the curve. Inside a node GPUs talk over
-# NVLink; across nodes over InfiniBand or Ethernet, one to two orders of magnitude slower. If 8 GPUs
+# NVLink; across nodes over InfiniBand or Ethernet, 9-18x less bandwidth per GPU with one NIC each (more
+# with shared NICs; the curve uses chapter 3's rail-aware all-reduce). If 8 GPUs
 # give 95 % and 64 give 80 %, 512 will likely fall under 60 %: **stop** and fix communication and serial
 # overhead first. Keep the per-GPU batch fixed (scale the data with the GPUs), or start-up and per-epoch
 # overheads make the measured curve look artificially bad.
@@ -231,19 +287,35 @@ ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve[
 # first step, or a plan that only fits with a pipeline depth that wrecks throughput. Per GPU, training
 # holds (`preflight.models.memory`, sources in its docstring):
 #
-# - **model states**: mixed-precision Adam keeps 2 bytes of weights, 2 of gradients and 12 of optimizer
-#   state (fp32 master copy, momentum, variance) per parameter: **16 bytes per parameter**, 112 GB for
-#   7B before anything else. Tensor and pipeline parallelism divide the parameters by tp·pp; ZeRO shards
-#   the optimizer state (stage 1), the gradients (2) and the weights (3) over the data-parallel ranks
-#   (Rajbhandari et al. 2020);
-# - **activations** kept for the backward pass: per layer **s·b·h·(34 + 5·a·s/h)** bytes (Korthikanti et
-#   al. 2022), times the micro-batches a pipeline stage holds in flight; the 5·a·s/h term is the s²
-#   attention scores, which selective recompute (or FlashAttention) removes, and sequence parallelism
-#   splits the rest over tp;
+# - **model states**, in the layout of your framework (`training.framework`,
+#   `preflight.models.states`). The saying is "16 bytes per parameter": 2 of weights, 2 of gradients and
+#   12 of optimizer state (fp32 master copy, momentum, variance), 112 GB for 7B before anything else.
+#   That is the ZeRO paper's layout (Rajbhandari et al. 2020), which DeepSpeed still uses. **Megatron-LM**
+#   accumulates gradients in fp32, so it keeps 2 + 4 + 12 = 18 bytes; its distributed optimizer
+#   (`zero_stage: 1`) shards the 12, giving 6 + 12/d. **PyTorch FSDP2** with a bf16 `MixedPrecisionPolicy`
+#   keeps fp32 sharded parameters (they double as the master copy), fp32 gradients and 8 bytes of Adam
+#   state, all sharded (ZeRO-3). On top of that come the **gathered** bf16 parameters of the layer being
+#   computed and the next one being prefetched. HSDP (`training.shard_group: node`) shards inside a node
+#   and replicates across nodes. Tensor and pipeline parallelism divide the parameters by tp·pp.
+# - **activations** kept for the backward pass (`preflight.models.activations`), times the
+#   micro-batches a pipeline stage holds in flight. The saying is Korthikanti et al. 2022's
+#   **s·b·h·(34 + 5·a·s/h)** bytes per layer. The 5·a·s/h part is the s×s attention scores, which the
+#   paper's explicit attention keeps (`model.attention: math`). The default kernels on current GPUs
+#   keep none: PyTorch's `scaled_dot_product_attention` (flash / memory-efficient / cuDNN),
+#   FlashAttention and Transformer Engine keep q, k, v, the output and a·s·b fp32 softmax statistics,
+#   and recompute the scores in backward (`attention: flash`, the default). That takes the example
+#   from 97.6 to 17.6 GiB, and makes selective recompute pointless.
+#   The layer's shape counts too. **SwiGLU** (Llama) has 3 matrices h×ffn where GELU has 2, and keeps
+#   4 tensors of s·b·ffn instead of 2. **Grouped-query attention** (`model.kv_heads`) shrinks K and V
+#   in parameters and, with flash kernels, in activations; an unfused (math) path expands them to all
+#   heads first. **No dropout** (`model.dropout: 0`, Llama-style) keeps no 1-byte masks. Sequence
+#   parallelism splits the rest over tp.
 # - a stated **allowance** for the framework (CUDA context, workspaces, allocator fragmentation).
 #
 # The verdict compares the sum with the GPU's memory; when it does not fit, the cheapest change that
-# does (ordered by what each costs in throughput) is the fix.
+# does (ordered by what each costs in throughput) is the fix. A peer calculator, llm-analysis, gives
+# 21.1 GiB of activations for the example's layers, against 17.6 here. Each difference is named in
+# `docs/memory-vs-llm-analysis.md`: fp32 norm inputs, two extra flash tensors, logits counted twice.
 
 # %%
 from preflight.chapters import memory_plan as MP
@@ -273,8 +345,10 @@ if interactive and mem["plan"] is not None:
 # paper assumes (LayerNorm, one QKV projection, explicit attention with dropout on the probabilities,
 # a 4h GeLU MLP) trains one step: the **model states** are summed tensor by tensor after an AdamW step
 # (exact), and the **activations** are every tensor autograd saves for the backward pass, counted by a
-# saved-tensor hook in 16-bit as the paper counts them. On a GPU the whole step's measured peak
-# (`torch.cuda.max_memory_allocated`) is compared with the plan too.
+# saved-tensor hook in 16-bit as the paper counts them. The same check runs on both attention paths
+# (the explicit one and SDPA's flash kernel, which the CPU has too), for a GPT-style layer and a
+# Llama-style one (SwiGLU, a quarter of the heads for K and V, no dropout). On a GPU the whole step's
+# measured peak (`torch.cuda.max_memory_allocated`) is compared with the plan too.
 
 # %%
 from preflight.bench import memory as bench_memory
@@ -287,21 +361,27 @@ if memm:
     a = r["activations"]
     print(f"activations per layer: measured {max(a['per_layer_measured']):,} bytes, planned {a['per_layer_predicted']:,.0f} "
           f"bytes ({a['error']:+.2%})")
+    ch.table(pd.DataFrame([{"path": name, **{k: x["config"][k] for k in ("attention", "mlp", "dropout")},
+                            "kv_heads / heads": f"{x['config']['kv_heads'] or x['config']['heads']} / {x['config']['heads']}",
+                            "planned bytes/layer": x["per_layer_predicted"],
+                            "measured bytes/layer": max(x["per_layer_measured"]), "error": f"{x['error']:+.3%}"}
+                           for name, x in r["paths"].items()]))
 MP.add_validation_finding(ch.findings, memm)
 
 # %% [markdown]
 # ## Predict, then measure
 #
-# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
-# cell computes the answer with the library (on this profile, or measured on this machine) and says how
-# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
+# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
+# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
+# library and says how far off you were. The answer stays hidden until you predict (the headless audit
+# shows it).
 
 # %%
 from preflight.chapters import exercises as X
 from preflight.exercises import ask, check
 
-measured_fusion = fus.results.get("speedup_fwd_bwd") if fus and fus.results.get("available") else None
-EX = X.baseline(prof, fusion_speedup=measured_fusion)
+EX = X.baseline(prof)
 
 # %%
 ask(EX["amdahl"])
@@ -317,17 +397,32 @@ prediction = None       # your answer
 # %%
 check(EX["model_states"], prediction, reveal=not interactive)
 
-# %%
-if "fusion" in EX:
-    ask(EX["fusion"])
-prediction = None       # your answer
-
-# %%
-if "fusion" in EX:
-    check(EX["fusion"], prediction, reveal=not interactive)
-
 # %% [markdown]
 # ## Findings of this chapter
 
 # %%
 ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
+
+# %% [markdown]
+# ## What you learned
+#
+# - **Measure one device first.** Its measured ceilings, not the datasheet's; where a step's time goes
+#   (NVML, profiler op categories, tokens/s); MFU against the chip's peak.
+# - **Memory-bound ops do not shrink with more GPUs.** Elementwise ops and norms are paced by memory
+#   bandwidth; fusion (`torch.compile`) is their fix.
+# - **The serial part caps strong scaling** at 1 + Tc/Ts (Amdahl); with the per-GPU batch fixed it costs
+#   its share at every scale (Gustafson). Find the serial points before tuning communication.
+# - **Scale in stages**, 1 → 8 → 64 → 512 → target, and stop where efficiency falls under 60 %.
+# - **Memory per GPU** is model states (16–18 bytes per parameter before ZeRO) + activations × the
+#   micro-batches in flight + an allowance; the cheapest change that fits decides tp, pp and ZeRO.
+
+# %%
+ch.next_steps()
+
+# %% [markdown]
+# Levers this chapter measured: remove serial work from the step (validation passes, synchronous
+# logging, data waits), compile the memory-bound blocks, and take tp / pp / ZeRO / recompute from the
+# memory plan before the first run on the cluster.
+#
+# **Next chapter:** [Chapter 2: the starved data pipeline →](02_data_pipeline.ipynb).
+# All chapters: [README](README.md); terms: [glossary](glossary.md).

@@ -3,12 +3,15 @@
 #
 # **Pitfall:** gradient communication that is not overlapped with compute. Data parallelism
 # all-reduces every gradient every step; when that takes longer than the backward pass can hide, each
-# added GPU adds waiting. The field case: a 7B model in FP32 on 200 Gb/s links moves about 56 GB per
-# rank per step, over 2 s against 0.8 s of compute.
+# added GPU adds waiting. The field case: a 7B model in FP32 moves about 56 GB per rank per step; the
+# field report divides that by one 200 Gb/s link and gets over 2 s against 0.8 s of compute. On nodes
+# with one NIC per GPU NCCL spreads it over all eight NICs: about 0.3 s. Both are computed below, and
+# when each holds.
 #
 # What this chapter does:
 #
-# 1. **computes** what your gradients cost to move (calculator with sliders, flat ring vs hierarchical);
+# 1. **computes** what your gradients cost to move (calculator with sliders: NCCL's rings on the rails
+#    beside the field report's flat arithmetic);
 # 2. **measures** what the interconnect delivers: an all-reduce sweep from KB to hundreds of MB under
 #    torchrun (gloo between processes on a CPU, NCCL on GPUs), algbw and busbw, an alpha-beta fit;
 # 3. **proves** overlap on a real DistributedDataParallel loop: bucket sizes, a manual all-reduce as the
@@ -29,11 +32,14 @@ quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 
 # %%
+print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
+
 import pandas as pd
 
 from preflight import charts
 from preflight.chapter import start
 from preflight.chapters import communication as C
+from preflight.models import comm
 
 ch = start("communication", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -51,11 +57,24 @@ ch.announce()
 #
 # **t = 2(D−1)/D · S/B + 2(D−1)·α**, with S = M/(tp·pp)·b the gradient buffer.
 #
-# A flat ring runs at its slowest link: the inter-node bandwidth as soon as it spans nodes. A
-# **hierarchical** all-reduce (what NCCL does inside a node first) reduce-scatters over NVLink, all-reduces
-# one 1/g shard per GPU across nodes (every GPU on its own NIC), then all-gathers over NVLink: the
-# inter-node bytes drop by g. Against compute: backward (about 2/3 of it) is what can hide communication;
-# more than that is exposed.
+# The time is **V / busbw** (V = 2(D−1)/D·S), and busbw, nccl-tests' *bus bandwidth*, depends on where
+# the group's ranks sit (Megatron order: tp fastest, then dp, then pp):
+#
+# - inside one node every hop is NVLink: busbw = the NVLink bandwidth;
+# - across nodes NCCL runs several rings (channels); each ring enters and leaves a node once, and the
+#   rings of a node with k ranks of the group leave through k different NICs (rail-optimised nodes have
+#   one NIC per GPU): **busbw = k × B_NIC**, bounded by NVLink. nccl-tests on 8 × 400 Gb/s nodes report
+#   ~360–430 GB/s, i.e. 8 × 50 GB/s. With tp = 8 on 8-GPU nodes each dp group has one rank per node:
+#   busbw = one NIC. With fewer NICs than GPUs the groups of a node share them.
+#
+# **The saying:** "56 GB at 200 Gb/s takes over 2 s" is V / B_NIC: true when the node has **one**
+# 200 Gb/s NIC (or a ring crosses the network at every hop), not with one NIC per GPU. The table shows
+# both. NCCL picks a tree instead of the ring for small messages at many ranks (latency 2·log2(D)·α
+# instead of 2(D−1)·α); for a whole step's gradients the bandwidth term decides.
+#
+# Against compute: backward (about 2/3 of it) is what can hide communication, and with gradient
+# accumulation (`no_sync` on all but the last micro-batch) only the **last micro-batch's** backward can:
+# the one all-reduce per step starts there.
 
 # %%
 p = C.add_plan_findings(ch.findings, prof)
@@ -64,8 +83,13 @@ ch.table(pd.DataFrame([
     {"quantity": "data-parallel ranks D", "value": f"{p['dp']}"},
     {"quantity": "gradient buffer per rank S", "value": f"{p['buffer_bytes'] / 1e9:.3g} GB"},
     {"quantity": "bytes sent per rank per step", "value": f"{p['bytes_per_rank'] / 1e9:.3g} GB"},
-    {"quantity": f"flat ring ({p['link']})", "value": f"{p['flat_s']:.3g} s"},
-    {"quantity": "hierarchical (NVLink, then across nodes)", "value": f"{p['hierarchical_s']:.3g} s"},
+    {"quantity": "placement", "value": f"{p['ranks_per_node']} rank(s) per node, {p['nodes']} node(s), "
+                                       f"{p['nics_per_node']} NIC(s) per node"},
+    {"quantity": "predicted bus bandwidth", "value": f"{p['busbw_GBps']:.3g} GB/s"},
+    {"quantity": "all-reduce per step (NCCL rings on the rails)", "value": f"{p['time_s']:.3g} s"},
+    {"quantity": "the field report's flat arithmetic (one NIC carries it all)", "value": f"{p['flat_s']:.3g} s"},
+    {"quantity": "latency: ring 2(D-1)α / tree 2·log2(D)·α",
+     "value": f"{p['ring_latency_s'] * 1e3:.3g} ms / {p['tree_latency_s'] * 1e3:.3g} ms"},
     {"quantity": "compute per step", "value": f"{p['compute_s']:.3g} s"},
     {"quantity": "communication / compute", "value": f"{p['ratio']:.2f}x"},
     {"quantity": "efficiency: no overlap / full overlap",
@@ -77,10 +101,11 @@ if interactive:
     from IPython.display import display
 
     from preflight.widgets import allreduce_explorer
-    tier = "InfiniBand HDR 200 Gb/s per GPU"
+    tier = C.closest_tier(prof)
     display(allreduce_explorer(prof.model.params, p["dp"], prof.training.grad_dtype, tier,
-                               prof.training.step_compute_s, prof.training.step_serial_s, prof.cluster.gpus_per_node,
-                               prof.cluster.intra_node_GBps, tp=prof.training.tp, pp=prof.training.pp))
+                               p["compute_s"], p["work_s"] - p["compute_s"], prof.cluster.gpus_per_node,
+                               prof.cluster.intra_node_GBps, tp=prof.training.tp, pp=prof.training.pp,
+                               nics_per_node=prof.nics_per_node, microbatches=prof.training.microbatches))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
@@ -99,14 +124,22 @@ else:
 #
 # On this machine's CPU the "devices" are 2 processes over gloo (3-4 processes on 2 cores measure the
 # scheduler, not the network).
+#
+# **Across nodes.** One node's sweep measures NVLink or PCIe; the network between nodes is what data
+# parallelism crosses from the second node on. In a Slurm allocation of two nodes,
+# `sbatch --nodes=2 slurm/torchrun_nodes.sbatch preflight.bench.allreduce --out results/` runs the same
+# sweep with one torchrun per node; `--results results/` shows it below, next to the single-node one.
+# The record keeps every rank's host: the test suite runs it on two Slurm nodes that share one host
+# (loopback, not a network), and the finding says so.
 
 # %%
 from preflight.bench import allreduce as bench_allreduce
 from preflight.bench.launch import max_processes
 
 nproc = min(max_processes()[0], 8) if ch.device.is_gpu else 2
-sweep = (ch.measurement(bench_allreduce.METHOD, lambda: bench_allreduce.measure(nproc, quick=ch.quick), name=f"n{nproc}")
-         if nproc >= 2 else None)
+one_node = lambda rec: int(rec["results"].get("nodes", 1) or 1) == 1      # noqa: E731
+sweep = (ch.measurement(bench_allreduce.METHOD, lambda: bench_allreduce.measure(nproc, quick=ch.quick), name=f"n{nproc}",
+                        match=one_node) if nproc >= 2 else None)
 nccl_log = sweep.results.get("nccl_log", "") if sweep else ""      # NCCL_DEBUG=INFO lines, on GPUs
 if sweep:
     sw = bench_allreduce.sweep_frame({"results": sweep.results})
@@ -122,6 +155,21 @@ elif ch.measure:
     print("one device only: no all-reduce to measure here")
 C.add_sweep_findings(ch.findings, prof, sweep,
                      "plan-only mode" if not ch.measure else "one device only (needs 2 ranks)")
+
+# %%
+across = ch.recorded(bench_allreduce.METHOD, match=lambda rec: not one_node(rec))     # never measured live
+if across:
+    sa = bench_allreduce.sweep_frame({"results": across.results})
+    print(f"{across.source}: {across.results['world_size']} ranks on {across.results.get('nodes')} nodes "
+          f"({', '.join(across.results.get('slurm_nodes') or [])}), hosts {across.results.get('hosts')}")
+    both = pd.concat([pd.DataFrame({"bytes": f["bytes"], "busbw_GBps": f["busbw_GBps"], "sweep": name})
+                      for f, name in ((sa, f"{across.results.get('nodes')} nodes"), (sw if sweep else None, "one node"))
+                      if f is not None])
+    print("busbw (GB/s) per message size:")
+    ch.table(both.pivot(index="bytes", columns="sweep", values="busbw_GBps").reset_index())
+    ch.show("allreduce_nodes", charts.curves(both, "bytes", "busbw_GBps", "sweep",
+                                             title="Bus bandwidth (GB/s): one node and across nodes"))
+C.add_nodes_sweep_finding(ch.findings, across, sweep)
 
 # %% [markdown]
 # ## 3. Overlap, compression and accumulation on a real DDP loop
@@ -141,6 +189,11 @@ C.add_sweep_findings(ch.findings, prof, sweep,
 # while the gradients are real tensors that DDP really all-reduces. Overlap shows there. The real mode
 # runs the same loop with real compute, and its losses after N steps show which technique changes the
 # numerics. On GPUs with NCCL the real mode measures the real thing.
+#
+# **Your own model.** When the profile names a workload, DDP runs on *it* instead (two ranks,
+# `preflight.bench.workload_overlap`): its real gradient bytes and DDP's buckets, the bucket sizes, the
+# fp16 / bf16 hooks and `no_sync()`, with the drift of its own loss. Real compute only: a workload's
+# layers cannot be emulated, so on a CPU its rows say that overlap cannot show there.
 
 # %%
 from preflight.bench import overlap as bench_overlap
@@ -150,9 +203,23 @@ def _overlap(mode):
     return ch.measurement(bench_overlap.METHOD, lambda: bench_overlap.measure(mode, quick=ch.quick), name=mode,
                           match=lambda r: r["results"].get("mode") == mode)
 
+from preflight.bench import workload_overlap as bench_wloverlap
+
+wl = ch.workload        # the profile's own model, or None: the reference layer stack
+if wl:
+    print(f"measuring {wl.label} from {wl.entry}, not the reference layer stack")
+    wov = ch.workload_measurement(bench_wloverlap.METHOD, lambda: bench_wloverlap.measure(wl, quick=ch.quick))
+    emulated = real = None
+    if wov:
+        print(f"{wov.results['label']} - {wov.source}; gradient bytes {wov.results['grad_bytes']:,}")
+        t = C.overlap_table(wov.results["rows"]).assign(buckets=[r["buckets"] for r in wov.results["rows"]])
+        ch.table(t)
+        ch.show("overlap_workload", charts.bars(t, "step (ms)", "configuration",
+                                                title=f"Step time per configuration ({wl.name}, {wov.results['label']})"))
 # 2 ranks always: on GPUs when there are 2, else on the CPU (gloo), where the emulated mode shows overlap
-emulated = _overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
-real = _overlap("real")
+else:
+    emulated = _overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
+    real = _overlap("real")
 for run in (emulated, real):
     if run:
         label = "EMULATED device (timed waits free the CPU)" if run.results["mode"] == "emulated" else "real compute"
@@ -168,8 +235,45 @@ if emulated or real:
             "the same schedule. PowerSGD sends ~100x fewer bytes but costs compute (low-rank products) and three "
             "all-reduces per bucket: on a CPU over loopback that is slower; it pays on slow inter-node links. "
             "Differences under ~10 % between runs are noise on a shared 2-core CPU.")
-C.add_overlap_findings(ch.findings, emulated, real,
-                       "plan-only mode" if not ch.measure else "one device only (needs 2 ranks)")
+if wl:
+    from preflight.chapters import workload as W
+
+    W.add_communication_findings(ch.findings, wov)
+else:
+    C.add_overlap_findings(ch.findings, emulated, real,
+                           "plan-only mode" if not ch.measure else "one device only (needs 2 ranks)")
+
+# %% [markdown]
+# ## What changes in 2026 practice
+#
+# - **Sharded data parallelism (FSDP2, ZeRO-3) moves 1.5x DDP's bytes.** Forward all-gathers each layer's
+#   parameters, backward gathers them again and reduce-scatters the gradients: 3·(D−1)/D·S per rank
+#   instead of 2·(D−1)/D·S (one dtype throughout; `comm.sharded_bytes_per_rank`). It overlaps by
+#   prefetching the next layer's gather. **HSDP** shards inside a node (the gathers stay on NVLink) and
+#   all-reduces across nodes: DDP's network traffic with ZeRO-3's memory inside the node.
+# - **Overlap is not free.** NCCL kernels occupy SMs (one per channel, typically 16–32 of an H100's 132)
+#   and memory bandwidth while they run beside the matmuls, so overlapped compute runs a few percent
+#   slower; a hidden all-reduce still costs something.
+# - **bf16 gradient reductions: a caveat.** Summing bf16 over many ranks loses bits (8 bits of
+#   mantissa). Megatron-LM with bf16 training and torchtitan reduce gradients in fp32 by default; FSDP2
+#   reduces in bf16 only when its `MixedPrecisionPolicy` sets `reduce_dtype=torch.bfloat16`. The
+#   "send bf16 gradients" fix halves the bytes; check the loss (the real-compute run of §3 shows the
+#   drift) before adopting it at 1000+ ranks.
+# - **The NVLink domain, not the host, bounds tensor parallelism.** On NVL72 racks (GB200) 72 GPUs share
+#   one NVLink domain, so tp (and expert parallelism) can exceed 8. The gap it protects: 450 GB/s of
+#   NVLink against 25–50 GB/s per NIC is about **9–18x**, not the "two orders of magnitude" of the
+#   saying (that holds for a 25 GbE node NIC shared by 8 GPUs, ~0.4 GB/s each).
+
+# %%
+ch.table(pd.DataFrame([
+    {"scheme": "DDP all-reduce", "GB per rank per step": p["bytes_per_rank"] / 1e9},
+    {"scheme": f"FSDP2 full sharding, {prof.training.grad_dtype} throughout",
+     "GB per rank per step": comm.sharded_bytes_per_rank(prof.model.params, p["dp"], prof.training.grad_dtype,
+                                                         prof.training.grad_dtype, p["tp"], p["pp"]) / 1e9},
+    {"scheme": "FSDP2, bf16 parameters, fp32 reduce (MixedPrecisionPolicy default reduce)",
+     "GB per rank per step": comm.sharded_bytes_per_rank(prof.model.params, p["dp"], "bf16", "fp32",
+                                                         p["tp"], p["pp"]) / 1e9},
+]))
 
 # %% [markdown]
 # ## 4. Topology
@@ -203,9 +307,11 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
 # %% [markdown]
 # ## Predict, then measure
 #
-# Questions on your own plan. Write your prediction after `prediction =` and run the cell; the next
-# cell computes the answer with the library (on this profile, or measured on this machine) and says how
-# far off you were. The answer stays hidden until you predict (the headless audit shows it).
+# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
+# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
+# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
+# library and says how far off you were. The answer stays hidden until you predict (the headless audit
+# shows it).
 
 # %%
 from preflight.chapters import exercises as X
@@ -232,3 +338,24 @@ check(EX["time"], prediction, reveal=not interactive)
 
 # %%
 ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "message"]])
+
+# %% [markdown]
+# ## What you learned
+#
+# - **Each rank sends 2(D−1)/D × the gradient bytes per step**, nearly independent of D; bf16 halves it.
+# - **The time is that volume over the bus bandwidth**, and on rail-optimised nodes the bus bandwidth is
+#   the NICs the group has per node, not one NIC: the flat arithmetic holds for one NIC per node only.
+# - **Overlap hides the all-reduce behind the backward pass** (about 2/3 of compute); with gradient
+#   accumulation only the last micro-batch's backward can hide it.
+# - **Measure what the interconnect delivers** (algbw, busbw, an alpha-beta fit) and read the NCCL log for
+#   the transport it really chose.
+
+# %%
+ch.next_steps()
+
+# %% [markdown]
+# Levers: DDP bucket sizes that overlap, bf16 gradient reduction, accumulation with `no_sync()`, tensor
+# parallelism inside a node and data parallelism across, one NIC per GPU.
+#
+# **Next chapter:** [Chapter 4: load balance →](04_load_balance.ipynb).
+# All chapters: [README](README.md); terms: [glossary](glossary.md).

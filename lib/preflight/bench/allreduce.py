@@ -15,7 +15,7 @@ busbw is therefore the bandwidth each rank's link really sustained; it approache
 large n and can be compared directly with the link speed (and with runs at other n). For n=2 the
 factor is exactly 1.
 
-The alpha-beta model (``preflight.models.comm.fit_alpha_beta``) describes the whole curve with two
+The alpha-beta model (``preflight.models.alphabeta.fit_alpha_beta``) describes the whole curve with two
 numbers: a ring does ``2 (n-1)`` steps, each paying a latency ``alpha``, plus the bytes at bandwidth
 ``B``::
 
@@ -33,7 +33,9 @@ this 2-core box), the median does not. p10 / p90 are kept to show the spread.
 Ways in:
 
 - the worker, one process per device, under ``torchrun --nproc_per_node=N -m preflight.bench.allreduce
-  --out DIR`` or ``srun`` (one task per GPU); rank 0 writes ``allreduce-n{N}.json``;
+  --out DIR`` or ``srun`` (one task per GPU); rank 0 writes ``allreduce-n{N}.json``
+  (``allreduce-n{N}-nodes{M}.json`` across M nodes, with every rank's host and Slurm node in the
+  record: two Slurm "nodes" on one host measure loopback, not a network);
 - ``run_sweep(nproc=2)`` launches it here and returns the table; ``load_sweeps(DIR)`` reads records
   measured on a cluster (``--results``), ``sweep_frame(record)`` turns one into a table.
 """
@@ -42,12 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import tempfile
 import time
 from pathlib import Path
 
 from preflight.bench import exit_worker
-from preflight.models.comm import busbw_factor, fit_alpha_beta, ring_allreduce_time
+from preflight.models.alphabeta import fit_alpha_beta
+from preflight.models.comm import busbw_factor, ring_allreduce_time
 from preflight.records import Method
 
 METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"))
@@ -134,6 +138,8 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
     de, device = init_distributed()
     try:
         world, load_before = de["world_size"], os.getloadavg()[0]
+        where = [None] * world              # each rank's host and Slurm node: did the sweep cross machines?
+        dist.all_gather_object(where, {"host": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME")})
         rows = _sweep(dist, sizes, iters, dtype, device, world)
         record = None
         if de["rank"] == 0:
@@ -147,12 +153,14 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
                        "backend": dist.get_backend(), "launcher": de["launcher"], "device": info.name,
                        "device_kind": device.type, "busbw_factor": busbw_factor(world), "rows": rows,
                        "fit": fit, "fit_rel_error": fit["rel_error"] if fit else None, "notes": [note] if note else [],
-                       "load_average_1m": [load_before, os.getloadavg()[0]]}   # busy host: distrust
+                       "load_average_1m": [load_before, os.getloadavg()[0]],   # busy host: distrust
+                       "hosts": sorted({w["host"] for w in where}),
+                       "slurm_nodes": sorted({w["slurm_node"] for w in where if w["slurm_node"]})}
             params = {"sizes": sizes, "iters": iters, "dtype": dtype, "warmup_iters": WARMUP_ITERS,
                       "min_iters": MIN_ITERS, "seconds_per_size": SECONDS_PER_SIZE,
                       "omp_num_threads": torch.get_num_threads()}
             record = METHOD.record(params, results, device=info.as_dict())
-            save_record(record, out, name=f"n{world}")
+            save_record(record, out, name=f"n{world}" + (f"-nodes{de['nodes']}" if de["nodes"] > 1 else ""))
         dist.barrier()                # field notes: without it ~1 run in 8 aborted at exit
         return record
     finally:

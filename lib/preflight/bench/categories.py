@@ -48,7 +48,10 @@ def profiler_log_filtered():
 
 _COMM = re.compile(r"nccl|gloo|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all")
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv", "mv", "dot", "vdot",
-           "einsum", "scaled_mm", "addmm_activation", "int_mm", "tensordot"}
+           "einsum", "scaled_mm", "addmm_activation", "int_mm", "tensordot",
+           # convolutions: compute-bound like matmuls (a CNN workload's main work)
+           "convolution", "conv1d", "conv2d", "conv3d", "mkldnn_convolution", "cudnn_convolution",
+           "slow_conv2d_forward", "slow_conv2d", "thnn_conv2d", "convolution_overrideable"}
 _MEMORY_BOUND = {
     "layer_norm", "native_layer_norm", "rms_norm", "fused_rms_norm", "group_norm", "native_group_norm",
     "batch_norm", "native_batch_norm", "gelu", "relu", "silu", "sigmoid", "tanh", "softplus", "threshold",

@@ -87,8 +87,12 @@ def _median(xs):
 
 def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str | os.PathLike | None = None,
                   quick: bool = False, size_mb: float | None = None, repeats: int | None = None,
-                  methods: tuple[str, ...] = METHODS) -> dict:
+                  methods: tuple[str, ...] = METHODS, trainer=None) -> dict:
     """Stall and durable time of each checkpoint method for an ``size_mb`` MB training state.
+
+    ``trainer``: the training loop to checkpoint instead of the sized MLP (``ckptstate.Trainer``'s
+    interface: ``model``, ``step()`` -> seconds, ``state()``, ``step_no``): a workload's own model
+    and optimizer (``preflight.bench.workload_resume``), whose state has its real size.
 
     ``workdir``: the fast local folder (default: a temporary folder); ``shared_dir``: the shared file
     system (default ``workdir/shared``). Each run writes into fresh subfolders of both and removes
@@ -116,7 +120,7 @@ def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str |
     shared = Path(tempfile.mkdtemp(prefix="ckptstall-shared-", dir=shared_base))
     try:
         with quiet_dcp():
-            return _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared)
+            return _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared, trainer)
     finally:
         shutil.rmtree(local, ignore_errors=True)
         shutil.rmtree(shared, ignore_errors=True)
@@ -124,10 +128,10 @@ def measure_stall(workdir: str | os.PathLike | None = None, *, shared_dir: str |
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared) -> dict:
+def _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared, trainer=None) -> dict:
     import torch
 
-    trainer = Trainer(size_mb)
+    trainer = trainer if trainer is not None else Trainer(size_mb)
     runner = Methods(trainer, local, shared)
     state_mb = state_bytes(trainer.state()) / 1e6
     for _ in range(3):
@@ -169,7 +173,7 @@ def _measure(size_mb, repeats, quick, methods, base, shared_base, local, shared)
         "timings": {m: {"stall_s": [r["stall_s"] for r in per[m]],
                         "durable_s": [r["durable_s"] for r in per[m]]} for m in methods},
         "config": {"size_mb_requested": size_mb, "state_MB": round(state_mb, 3), "din": DIN,
-                   "hidden": trainer.hidden, "batch": BATCH,
+                   "hidden": getattr(trainer, "hidden", None), "batch": BATCH,
                    "params": sum(p.numel() for p in trainer.model.parameters()),
                    "repeats": repeats, "warmup_rounds": 1, "baseline_steps_per_round": BASELINE_STEPS,
                    "threads": torch.get_num_threads(), "quick": quick, "local_dir": str(base),

@@ -1,4 +1,5 @@
-"""The GPT that the memory planner's formulas describe exactly: a Megatron layer, written out.
+"""The GPT that the memory planner's formulas describe exactly: a Megatron layer, written out, and
+its current variants (flash attention, SwiGLU, grouped-query attention, no dropout).
 
 ``preflight.bench.memory`` checks the planner (``preflight.models.memory``) by counting what a real
 model holds. That check only means something if the model is the one the formulas were derived
@@ -22,6 +23,23 @@ s x b x h tensor)::
 
 plus what the paper does not count: LayerNorm's mean and rstd, ``s b`` values each, two per
 LayerNorm, four per layer (bf16 on the CPU, fp32 on CUDA).
+
+The variants (``MemConfig`` fields; ``variants(cfg)`` builds the four the live check runs), each
+what ``preflight.models.activations`` counts for it:
+
+- ``attention="flash"``: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``, which on the
+  CPU (bf16 or fp32) and on CUDA (bf16) runs a flash kernel: it saves q, k, v (views of the QKV
+  output: its storage, once), its output (whose storage the projection's input is a view of) and
+  the fp32 logsumexp, a s b values. No attention dropout inside it: the CPU flash kernel has none
+  (with ``dropout_p > 0`` SDPA falls back to the math path, in fp32); on CUDA the kernel would
+  regenerate the mask from a Philox seed and offset, a few bytes.
+- ``kv_heads < heads`` (GQA): the QKV projection makes ``heads + 2 kv_heads`` heads. Flash takes
+  them as they are (``enable_gqa``); the math path expands k and v to all heads first
+  (``expand`` + ``reshape``, as Hugging Face's ``repeat_kv``), and saves the expanded copies.
+- ``mlp="swiglu"``: one fused gate/up projection ``h -> 2 ffn``, ``silu(gate) * up``, ``ffn -> h``:
+  SiLU saves gate (a view: the projection's whole output, 2 tensors), the product saves silu(gate)
+  and up (same storage), the down projection its input: 4 tensors of s b ffn.
+- ``dropout=0``: no ``native_dropout`` at all, so no masks.
 
 Why each piece is written the way it is; each is a place where a real model can differ from the
 formula, and would make the check fail for a reason that is not the planner's:
@@ -53,7 +71,7 @@ build the same weights and tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -72,6 +90,18 @@ class MemConfig:
     batch: int          # micro-batch size b
     vocab: int
     dropout: float = 0.1
+    attention: str = "math"           # the paper's explicit attention; "flash" = SDPA's fused kernel
+    mlp: str = "gelu"                 # or "swiglu"
+    ffn: int | None = None            # MLP hidden size; None = 4 hidden
+    kv_heads: int | None = None       # None = heads (multi-head attention)
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def n_kv(self) -> int:
+        return self.kv_heads or self.heads
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +120,16 @@ def config_for(device, quick: bool = False) -> MemConfig:
     return (GPU_QUICK if quick else GPU_NORMAL) if gpu else (CPU_QUICK if quick else CPU_NORMAL)
 
 
+def variants(cfg: MemConfig) -> dict[str, MemConfig]:
+    """The four layers the live check measures at ``cfg``'s size: GPT-style (GELU 4h, all heads, dropout)
+    with math and with flash attention; Llama-style (SwiGLU of 8h/3 rounded up to 64, a quarter of
+    the heads for K and V, no dropout) with flash and with math attention."""
+    llama = replace(cfg, mlp="swiglu", ffn=64 * math.ceil(8 * cfg.hidden / 3 / 64),
+                    kv_heads=max(1, cfg.heads // 4), dropout=0.0)
+    return {"gpt_math": replace(cfg, attention="math"), "gpt_flash": replace(cfg, attention="flash"),
+            "llama_flash": replace(llama, attention="flash"), "llama_math": replace(llama, attention="math")}
+
+
 # ------------------------------------------------------------------------------------------ model
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout that keeps a 1-byte bool mask on every device (``torch.native_dropout``, what
@@ -101,23 +141,34 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 def core_attention(q, k, v, bias, p: float, training: bool):
     """softmax(q k^T / sqrt(d) + causal bias), dropout, times v: the s^2 part of a layer, explicit
-    so that the scores are stored (what the formula's 5 a s^2 b counts)."""
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + bias
+    so that the scores are stored (what the formula's 5 a s^2 b counts). K and V with fewer heads
+    (GQA) are expanded to Q's heads first, as unfused implementations do."""
+    b, a, s, d = q.shape
+    if k.shape[1] != a:
+        k, v = (t[:, :, None].expand(b, t.shape[1], a // t.shape[1], s, d).reshape(b, a, s, d) for t in (k, v))
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d)) + bias
     probs = torch.softmax(scores, dim=-1)
     return dropout(probs, p, training) @ v
 
 
+def flash_attention(q, k, v, bias, p: float, training: bool):
+    """The fused kernel (same signature as ``core_attention``; the causal mask is built in, and
+    there is no attention dropout: see the module docstring)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
 class Layer(nn.Module):
     """One Megatron GPT layer (pre-norm): LN, QKV, attention, projection, dropout, residual; LN,
-    h -> 4h, GELU, 4h -> h, dropout, residual."""
+    h -> 4h, GELU, 4h -> h, dropout, residual (or the variants of ``MemConfig``)."""
 
     def __init__(self, cfg: MemConfig):
         super().__init__()
-        h = cfg.hidden
-        self.heads, self.p = cfg.heads, cfg.dropout
+        h, f, d = cfg.hidden, cfg.ffn_hidden, cfg.hidden // cfg.heads
+        self.heads, self.kv, self.p, self.swiglu = cfg.heads, cfg.n_kv, cfg.dropout, cfg.mlp == "swiglu"
+        self.attend = flash_attention if cfg.attention == "flash" else core_attention
         self.recompute = "none"
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h)
-        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, (cfg.heads + 2 * cfg.n_kv) * d), nn.Linear(h, h)
+        self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, (2 if self.swiglu else 1) * f), nn.Linear(f, h)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.recompute == "full":     # checkpoint inside the module: its hooks see the checkpoint
@@ -128,15 +179,22 @@ class Layer(nn.Module):
 
     def _forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.qkv(self.ln1(x)).view(b, s, self.heads + 2 * self.kv, h // self.heads).transpose(1, 2)
+        q, k, v = qkv.split([self.heads, self.kv, self.kv], dim=1)
         if self.recompute == "selective":
             from torch.utils.checkpoint import checkpoint
 
-            ctx = checkpoint(core_attention, q, k, v, bias, self.p, self.training, use_reentrant=False)
+            ctx = checkpoint(self.attend, q, k, v, bias, self.p, self.training, use_reentrant=False)
         else:
-            ctx = core_attention(q, k, v, bias, self.p, self.training)
+            ctx = self.attend(q, k, v, bias, self.p, self.training)
         x = x + dropout(self.proj(ctx.transpose(1, 2).reshape(b, s, h)), self.p, self.training)
-        return x + dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, self.training)
+        up = self.fc1(self.ln2(x))
+        if self.swiglu:
+            gate, up = up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        else:
+            act = F.gelu(up)
+        return x + dropout(self.fc2(act), self.p, self.training)
 
 
 class GPT(nn.Module):

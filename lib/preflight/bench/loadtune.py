@@ -21,7 +21,7 @@ import itertools
 import os
 import time
 
-from preflight import loadmon
+from preflight import loadmon, progress
 from preflight.bench import datapipe
 from preflight.models import data as M
 from preflight.records import Method
@@ -117,7 +117,7 @@ def sweep(shard_dir: str, device, batch: int, step_s: float, settings: list[dict
     consumer, label = make_consumer(device, batch, step_s)
     consume_per_s = batch / step_s
     rows = []
-    for s in settings:
+    for s in progress.steps(settings, "loader settings"):       # a bar in the notebook
         pin = s["pin_memory"] and torch.device(device).type == "cuda"
         sup = supply_rate(make_loader(shard_dir, batch, s["num_workers"], s["prefetch_factor"], pin),
                           batch, steps)

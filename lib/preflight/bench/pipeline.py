@@ -21,7 +21,7 @@ slowest stage sets the pace (pitfalls §4). Every layer must be placed exactly o
 which stage got which layers.
 
 Ways in: the worker ``torchrun --nproc_per_node=P -m preflight.bench.pipeline --out DIR --schedule
-gpipe|1f1b|interleaved --microbatches M [--chunks V] [--partition 0,4 | --balanced-blocks] [--steps K]
+gpipe|1f1b|interleaved|zb-h1 --microbatches M [--chunks V] [--partition 0,4 | --balanced-blocks] [--steps K]
 [--quick]`` (rank 0 writes the record, method "pipeline"); ``measure_bubble`` and ``run_partition``
 launch it here. On 2 CPU cores p=4 is oversubscribed: it runs, but measures the OS scheduler.
 """
@@ -45,7 +45,7 @@ METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured
 BUBBLES = Method("pipeline_bubble", 1, required=("rows",))
 PARTITION = Method("partition", 1, required=("p", "m", "layers", "by_count", "by_time", "predicted_gain",
                                              "measured_gain", "throughput_count", "throughput_time", "ranks"))
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")     # zb-h1: ScheduleInterleavedZeroBubble, 1 stage per rank
 WARMUP_STEPS = 2
 # sizes by quick (False / True); "mb" is the micro-batch: sequences (hetero), rows (balanced)
 HETERO = {False: {"vocab": 8000, "d": 256, "seq": 64, "ffn": 2048, "mb": 2},
@@ -54,10 +54,15 @@ HETERO_NAMES = ["embedding", "attn1", "attn2", "wide_ffn", "attn3", "attn4", "he
 BALANCED = {False: {"d": 256, "blocks": 8, "mb": 64}, True: {"d": 256, "blocks": 8, "mb": 32}}
 
 
-def bubble_formula(p: int, m: int, v: int = 1) -> float:
-    """Idle share of a step with equal stages, ``(p-1) / (v*m + p-1)``: the playbook's model."""
-    from preflight.models.pipeline import bubble_fraction
+def bubble_formula(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
+    """Idle share of a step with equal stages, ``(p-1) / (v*m + p-1)``: the playbook's model. For
+    ``zb-h1`` the simulated ZB-H1 schedule with t_F = t_B = t_W (``(p-1) / (3m + p-1)`` when m >= p)."""
+    from preflight.models.pipeline import bubble_fraction, timeline_bubble
 
+    if schedule == "zb-h1":
+        from preflight.models.zerobubble import zb_h1_timeline
+
+        return timeline_bubble(zb_h1_timeline(p, m))
     return bubble_fraction(p, m, v)
 
 
@@ -156,6 +161,19 @@ def _timed(fn, clock: list, device, kind: str = "", stage: int | None = None):
     return wrapper
 
 
+def op_medians(timelines) -> list[dict]:
+    """Per rank, the median duration (s) of each op kind over its timed steps: F, B (input gradient
+    only under ``zb-h1``, the whole backward otherwise), W (``zb-h1``'s weight gradient), L (loss)."""
+    out = []
+    for steps in timelines:
+        kinds: dict[str, list[float]] = {}
+        for step in steps:
+            for kind, _stage, _mb, t0, t1 in step["actions"]:
+                kinds.setdefault(kind, []).append(t1 - t0)
+        out.append({k: statistics.median(v) for k, v in sorted(kinds.items())})
+    return out
+
+
 def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick) -> dict:
     """Build this rank's stages and run warm-up + ``steps`` steps; this rank's medians and stages."""
     import torch
@@ -184,6 +202,9 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
                                  input_args=example(i))
         stage.forward_one_chunk = _timed(stage.forward_one_chunk, clock, device, "F", i)
         stage.backward_one_chunk = _timed(stage.backward_one_chunk, clock, device, "B", i)
+        # zero-bubble schedules split the backward: backward_one_chunk(full_backward=False) is then the
+        # input gradient only (B) and this one the weight gradient (W); other schedules never call it
+        stage.backward_weight_one_chunk = _timed(stage.backward_weight_one_chunk, clock, device, "W", i)
         stages.append(stage)
         placement.append({"stage": i, "rank": rank, "layers": [name for name, _ in part]})
     notes = []
@@ -193,6 +214,8 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
     loss_fn = _timed(loss, clock, device, "L", n_stages - 1)
     if schedule == "interleaved":
         sched = pp.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    elif schedule == "zb-h1":                  # one stage per rank: exactly ZB-H1's order (models.zerobubble)
+        sched = pp.ScheduleInterleavedZeroBubble(stages, m, loss_fn=loss_fn)
     else:
         sched = (pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B)(stages[0], m, loss_fn=loss_fn)
     first, last, samples, timeline = 0 in stage_ids, n_stages - 1 in stage_ids, [], []
@@ -247,7 +270,7 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
             # busy time; the busiest rank paces every micro-batch slot.
             busy = [r["busy_s"] for r in rows]
             slowest = max(rows, key=lambda r: r["busy_s"])
-            measured, formula = statistics.mean(r["idle_share"] for r in rows), bubble_formula(p, m, v)
+            measured, formula = statistics.mean(r["idle_share"] for r in rows), bubble_formula(p, m, v, schedule)
             step_s = max(r["step_s"] for r in rows)
             results = {"world_size": p, "schedule": mine["schedule"], "schedule_requested": schedule,
                        "microbatches": m, "chunks": v, "model": "hetero" if partition else "balanced",
@@ -259,6 +282,7 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
                                      "excess": slowest["busy_s"] / statistics.median(busy) - 1},
                        "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0],
                        "timelines": [r["timeline"] for r in every],        # per rank, per timed step
+                       "op_s": op_medians([r["timeline"] for r in every]),
                        "device_kind": device.type, "backend": dist.get_backend()}
             params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
                       "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
@@ -301,10 +325,16 @@ def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: b
     import pandas as pd
 
     for m in ms:
-        bubble_formula(p, m, v)             # refuses a bad (p, m, v) before any process starts
+        bubble_formula(p, m, v, schedule)   # refuses a bad (p, m, v) before any process starts
     records = [_launch(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
     cols = ("schedule", "measured_bubble", "formula", "error", "step_s", "oversubscribed")
+
+    def per_mb(res, kinds):                 # mean over ranks of the median op times, in ms
+        ops = res.get("op_s", [])
+        return 1e3 * sum(sum(o.get(k, 0.0) for k in kinds) for o in ops) / max(1, len(ops))
+
     df = pd.DataFrame([{"p": p, "m": r["results"]["microbatches"], "v": v, **{k: r["results"][k] for k in cols},
+                        "forward_ms": per_mb(r["results"], "F"), "backward_ms": per_mb(r["results"], "BW"),
                         "ranks on": r["results"].get("device_kind", "?")} for r in records])
     df.attrs["records"] = records
     return df
@@ -330,8 +360,9 @@ def runs_frame(records: list[dict]):
 
 
 def measure_bubbles(quick: bool = False) -> dict:
-    """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8;
-    quick: p=2, m=1 and 4), one torchrun each; a row per run with the schedule requested."""
+    """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8,
+    ZB-H1 at p=2, m=4, 8; quick: p=2, m=1 and 4), one torchrun each; a row per run with the schedule
+    requested, its per-micro-batch forward and backward (B + W) time, mean over ranks."""
     import pandas as pd
 
     if quick:
@@ -339,7 +370,8 @@ def measure_bubbles(quick: bool = False) -> dict:
     else:
         runs = [measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
                 measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
-                measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b")]
+                measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b"),
+                measure_bubble(p=2, ms=(4, 8), schedule="zb-h1").assign(requested="zb-h1")]
     return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
 
 

@@ -5,8 +5,9 @@ Every piece of state that changes what the next step computes is checkpointed:
 - model weights, AdamW moments, LR scheduler position (warm-up + cosine),
 - every random generator: Python ``random`` (feature masking), NumPy (input noise), torch CPU
   (dropout) and CUDA, one set per rank,
-- the data iterator: the shuffling generator's state at the start of the epoch, the epoch, and how
-  many batches of it were consumed (a resume rebuilds the same permutation and skips those).
+- the data iterator: the shuffling generator's state at the start of the epoch, the epoch, and the
+  position in its permutation, in samples (a resume rebuilds the same permutation and goes on from
+  there, also at another world size: an elastic shrink neither drops nor repeats a sample).
 
 Leave one out (``--omit rng|data|optimizer|scheduler``) and the resumed loss curve departs from the
 uninterrupted one: chapter 5 plots by how much.
@@ -19,9 +20,12 @@ checkpoint) and under Slurm (``preflight/slurm/walltime_requeue.sbatch``)::
 It resumes from the newest valid checkpoint in ``--ckpt-dir`` (and ``--shared-dir``), appends one
 JSON line per step to ``--losses`` (rank 0), and stops cleanly on request: on SIGUSR1/SIGTERM or when
 the file ``<ckpt-dir>/STOP`` appears (what the Slurm template's trap creates: torchrun does not
-forward SIGUSR1 to its workers), it saves a checkpoint and exits 0. When all steps are done it saves,
-writes ``<ckpt-dir>/DONE`` and exits 0. ``--kill-at-step`` makes one rank SIGKILL itself on the
-first attempt, for the elastic restart test.
+forward SIGUSR1 to its workers), it saves a checkpoint and exits 0; rank 0 checks, every k steps, and
+broadcasts the decision (``preflight.bench.stoppoll``: k keeps the check under 0.1 % of a step). When
+all steps are done it saves, writes ``<ckpt-dir>/DONE`` and exits 0. ``--kill-at-step`` makes one
+rank SIGKILL itself on the first attempt (a worker lost: the elastic restart); ``--kill-node-at-step``
+makes the workers of one node SIGKILL their torchrun agent and themselves (a node lost: the elastic
+shrink; the node's index comes from ``PREFLIGHT_NODE`` or Slurm's ``SLURM_NODEID``).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import torch
 from torch import nn
 
 from preflight import ckpt
+from preflight.bench.stoppoll import StopPoller
 
 PARTS = ("rng", "data", "optimizer", "scheduler")
 DIM, HIDDEN, SAMPLES = 32, 128, 1024
@@ -58,6 +63,19 @@ def restart_count() -> int:
 def requeue_count() -> int:
     """How many times Slurm requeued this job (0 outside Slurm)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def node_index() -> int:
+    """This worker's node in the job: ``PREFLIGHT_NODE`` (set by a launcher that starts several agents
+    on one machine), else Slurm's ``SLURM_NODEID``, else 0."""
+    return int(os.environ.get("PREFLIGHT_NODE") or os.environ.get("SLURM_NODEID") or 0)
+
+
+def node_name() -> str:
+    """The Slurm node name (two "nodes" can share a host), else the host name."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def make_data(seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +156,8 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.epoch_start_shuffle = self.shuffle.get_state()
-        self.consumed = 0                                    # batches of this epoch already trained on
+        self.position = 0              # samples of this epoch's permutation already trained on (all ranks)
+        self.last_samples: list[int] = []                   # the global batch of the last step
         self._batches = None
 
     @property
@@ -146,12 +165,17 @@ class Trainer:
         return SAMPLES // (self.batch_size * self.world)
 
     def _epoch_batches(self):
-        """This epoch's permutation (drawn from the shuffle generator), this rank's share, in batches;
-        the first ``consumed`` batches are skipped (a resume mid-epoch)."""
+        """This epoch's permutation (drawn from the shuffle generator) from ``position`` on, in global
+        batches of ``batch_size * world`` samples, this rank's share of each (the last partial batch is
+        dropped). Positions count samples, not batches, so a resume at another world size goes on
+        exactly where the checkpoint stopped."""
         perm = torch.randperm(SAMPLES, generator=self.shuffle)
         per = self.batch_size * self.world
-        for b in range(self.consumed, self.batches_per_epoch):
-            idx = perm[b * per:(b + 1) * per][self.rank::self.world]
+        while self.position + per <= SAMPLES:
+            batch = perm[self.position:self.position + per]
+            self.position += per
+            self.last_samples = batch.tolist()
+            idx = batch[self.rank::self.world]
             yield self.x[idx], self.y[idx]
 
     def next_batch(self):
@@ -162,11 +186,10 @@ class Trainer:
             batch = next(self._batches)
         except StopIteration:
             self.epoch += 1
-            self.consumed = 0
+            self.position = 0
             self.epoch_start_shuffle = self.shuffle.get_state()
             self._batches = self._epoch_batches()
             batch = next(self._batches)
-        self.consumed += 1
         return batch
 
     def train_step(self) -> float:
@@ -185,7 +208,7 @@ class Trainer:
         """The full state of this rank (the caller gathers the per-rank parts)."""
         return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "scheduler": self.sched.state_dict(),
-                "data": {"epoch": self.epoch, "consumed": self.consumed,
+                "data": {"epoch": self.epoch, "position": self.position,
                          "epoch_start_shuffle": self.epoch_start_shuffle},
                 "rng": rng_state()}
 
@@ -204,7 +227,7 @@ class Trainer:
                 g["lr"] = g["initial_lr"] * self.sched.lr_lambdas[0](0)
         if "data" not in omit:
             d = state["data"]
-            self.epoch, self.consumed, self.epoch_start_shuffle = d["epoch"], d["consumed"], d["epoch_start_shuffle"]
+            self.epoch, self.position, self.epoch_start_shuffle = d["epoch"], d["position"], d["epoch_start_shuffle"]
         self._batches = None
         rng = state["rng"][self.rank] if isinstance(state["rng"], list) else state["rng"]
         if "rng" not in omit:
@@ -268,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
         resumed_from, state, folder = found
         tr.load(state, omit)
     _log(log, {"event": "start", "t": t_start, "resumed_from": resumed_from, "restart": restart_count(),
-               "requeue": requeue_count(), "world": world, "omit": sorted(omit), "pid": os.getpid()})
+               "requeue": requeue_count(), "world": world, "omit": sorted(omit), "pid": os.getpid(),
+               "node": node_name()})
 
     def checkpoint(blocking: bool) -> None:
         s = _gather_state(tr)
@@ -276,24 +300,29 @@ def run(args: argparse.Namespace) -> int:
             stall = saver.save(s, tr.step, blocking=blocking or not args.shared_dir)
             _log(log, {"event": "checkpoint", "step": tr.step, "stall_s": stall, "t": time.time()})
 
-    stop_file = ckdir / "STOP"
+    any_log = Path(args.losses) if args.losses else None     # the few lines every rank writes
+    poller = StopPoller(ckdir / "STOP", rank, world, device=next(tr.model.parameters()).device)
+    first_attempt = restart_count() == 0 and not resumed_from
     status = "done"
     while tr.step < args.steps:
         loss = tr.train_step()
-        _log(log, {"step": tr.step, "loss": loss, "loss_hex": loss.hex(), "t": time.time(),
-                   "restart": restart_count(), "requeue": requeue_count(), "resumed_from": resumed_from})
+        row = {"step": tr.step, "loss": loss, "loss_hex": loss.hex(), "t": time.time(), "restart": restart_count(),
+               "requeue": requeue_count(), "resumed_from": resumed_from, "world": world, "epoch": tr.epoch}
+        if args.log_samples:
+            row["samples"] = tr.last_samples
+        _log(log, row)
         if args.step_sleep:
             time.sleep(args.step_sleep)
-        if args.kill_at_step == tr.step and rank == args.kill_rank and restart_count() == 0 and not resumed_from:
-            _log(Path(args.losses) if args.losses else None, {"event": "kill", "step": tr.step, "t": time.time(),
-                                                        "rank": rank})
+        if args.kill_at_step == tr.step and rank == args.kill_rank and first_attempt:
+            _log(any_log, {"event": "kill", "step": tr.step, "t": time.time(), "rank": rank})
             os.kill(os.getpid(), signal.SIGKILL)
-        stop = _stop_requested or stop_file.exists()
-        if world > 1:      # every rank must agree, or the collectives of the next step hang
-            import torch.distributed as dist
-            flag = torch.tensor([float(stop)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = bool(flag.item())
+        if args.kill_node_at_step == tr.step and node_index() == args.kill_node and first_attempt:
+            _log(any_log, {"event": "kill", "step": tr.step, "t": time.time(), "rank": rank, "node": node_name(),
+                           "agent_pid": os.getppid()})
+            os.kill(os.getppid(), signal.SIGKILL)          # the torchrun agent: the node is gone
+            os.kill(os.getpid(), signal.SIGKILL)
+        # every rank must agree, or the collectives of the next step hang: rank 0 decides
+        stop = poller.should_stop(tr.step, _stop_requested)
         if tr.step % args.ckpt_every == 0 or stop or tr.step == args.steps:
             checkpoint(blocking=stop or tr.step == args.steps)
         if stop and tr.step < args.steps:
@@ -302,7 +331,9 @@ def run(args: argparse.Namespace) -> int:
     saver.wait()
     if rank == 0 and status == "done":
         (ckdir / "DONE").write_text(json.dumps({"step": tr.step, "t": time.time()}))
-    _log(log, {"event": status, "step": tr.step, "t": time.time(), "restart": restart_count()})
+    end = {"event": status, "step": tr.step, "t": time.time(), "restart": restart_count(), "rank": rank,
+           "node": node_name(), "stop_checks": poller.checks, "stop_every": poller.k}
+    _log(any_log if status == "stopped" else log, end)       # a stop: every rank says it saw it
     if world > 1:
         import torch.distributed as dist
         dist.barrier()
@@ -324,10 +355,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--omit", default="", help=f"comma-separated parts NOT restored on resume: {','.join(PARTS)}")
     ap.add_argument("--kill-at-step", type=int, default=0, help="SIGKILL one rank after this step (first attempt only)")
     ap.add_argument("--kill-rank", type=int, default=0, help="the rank --kill-at-step kills")
+    ap.add_argument("--kill-node-at-step", type=int, default=0,
+                    help="after this step (first attempt only), the workers of node --kill-node SIGKILL their "
+                         "torchrun agent and themselves: a node lost")
+    ap.add_argument("--kill-node", type=int, default=1, help="the node --kill-node-at-step kills (PREFLIGHT_NODE "
+                                                            "or SLURM_NODEID)")
+    ap.add_argument("--log-samples", action="store_true", help="log each step's global batch (sample indices)")
     a = ap.parse_args(argv)
     checks = [("--steps", a.steps, 1, 10**7), ("--ckpt-every", a.ckpt_every, 1, 10**7), ("--keep", a.keep, 1, 1000),
               ("--batch-size", a.batch_size, 1, 256), ("--step-sleep", a.step_sleep, 0, 60),
-              ("--kill-at-step", a.kill_at_step, 0, 10**7)]
+              ("--kill-at-step", a.kill_at_step, 0, 10**7), ("--kill-node-at-step", a.kill_node_at_step, 0, 10**7)]
     for name, v, lo, hi in checks:
         if not lo <= v <= hi:
             ap.error(f"{name} = {v}: accepted {lo} .. {hi}")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from preflight import hardware
 from preflight.findings import FindingSink, judge
-from preflight.models import scaling
+from preflight.models import flops, scaling
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY, scaling_curve
 from preflight.profile import Profile
 
@@ -23,6 +24,9 @@ EFFICIENCY_WARN = 0.80
 MEMORY_WARN, MEMORY_FAIL = 0.85, 0.95      # peak / device memory: fragmentation and spikes need room
 # Amdahl ceiling against the target GPU count N: >= 2N keeps strong-scaling efficiency near 2/3.
 AMDAHL_PASS_FACTOR, AMDAHL_FAIL_FACTOR = 2, 1
+# Implied MFU of the plan's own step: above 100 % of the dense peak the numbers are impossible; above
+# 60 % they are better than published large-scale runs (Llama 3: 38-43 % on H100; MegaScale 55 %).
+IMPLIED_MFU_WARN, IMPLIED_MFU_FAIL = 0.60, 1.00
 
 
 def serial_parallel(profile: Profile) -> tuple[float, float]:
@@ -35,32 +39,91 @@ def plan_curve(profile: Profile, measured: dict[int, float] | None = None) -> pd
     return scaling_curve(serial_s=t.step_serial_s, compute_s=t.step_compute_s, params=profile.model.params,
                          grad_dtype=t.grad_dtype, tp=t.tp, pp=t.pp, gpus_per_node=c.gpus_per_node,
                          intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
-                         target_gpus=profile.gpus, measured=measured)
+                         target_gpus=profile.gpus, measured=measured, scaling=t.scaling,
+                         nics_per_node=profile.nics_per_node, microbatches=t.microbatches)
 
 
-def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame) -> None:
+def implied_mfu(profile: Profile, gpu_key: str | None) -> dict:
+    """The MFU the plan's own numbers imply: one GPU's training FLOPs per step over its compute time.
+
+    ``(6N + 12 L h s) x microbatches x micro_batch_size x seq_len / (tp pp)`` FLOPs (``models.flops``)
+    in ``compute_s`` (one GPU's, ``Profile.gpu_step_s``) against the chip's dense bf16 peak. ``mfu`` is
+    None when the chip has no known peak."""
+    m, t = profile.model, profile.training
+    per_token = flops.train_flops_per_token(m.params, m.layers, m.hidden, m.seq_len)
+    tokens = t.microbatches * t.micro_batch_size * m.seq_len
+    step_flops = per_token * tokens / (t.tp * t.pp)
+    compute_s = profile.gpu_step_s[1]
+    peak = hardware.peak_tflops(gpu_key, "bf16")
+    return {"flops_per_token": per_token, "tokens_per_replica": tokens, "step_flops": step_flops,
+            "compute_s": compute_s, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak)}
+
+
+def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
+                      gpu_key: str | None = None) -> None:
+    """Scaling law, implied MFU and the staged curve at the target. ``gpu_key``: the hardware-table key of
+    the profile's GPU (``Chapter.gpu_key``); default the profile's, unknown for ``auto``."""
     ts, tc = serial_parallel(profile)
     n = profile.gpus
+    weak = profile.training.scaling == "weak"
+    decides = "decides" if not weak else "info: the profile scales weakly (training.scaling: weak)"
     ceiling = scaling.amdahl_ceiling(ts, tc)
     verdict, words = judge(ceiling, warn=AMDAHL_PASS_FACTOR * n, fail=AMDAHL_FAIL_FACTOR * n, fmt="{:g}x")
     bound = "without bound (no serial part)" if ceiling == float("inf") else f"more than {ceiling:.3g}x faster"
-    sink.add(id="baseline/amdahl_max_speedup", value=ceiling, unit="x", verdict=verdict,
-             threshold=f"{words} (x{AMDAHL_PASS_FACTOR} and x{AMDAHL_FAIL_FACTOR} the {n} target GPUs)",
-             message=(f"With {ts:g} s serial and {tc:g} s parallel per step, no number of GPUs can run a "
-                      f"fixed workload {bound} (Amdahl, 1 + Tc/Ts)."),
+    sink.add(id="baseline/amdahl_max_speedup", value=ceiling, unit="x", verdict="info" if weak else verdict,
+             threshold=f"{words} (x{AMDAHL_PASS_FACTOR} and x{AMDAHL_FAIL_FACTOR} the {n} target GPUs); {decides}",
+             message=(f"If this step ({ts:g} s serial, {tc:g} s parallel) were a fixed amount of work, no number of "
+                      f"GPUs could run it {bound} (Amdahl, 1 + Tc/Ts)."
+                      + (" The plan keeps the per-GPU batch instead, so Gustafson's law applies "
+                         "(baseline/gustafson_speedup_at_target)." if weak else "")),
              fix="Find the serial points first (data waits, evaluation barriers, logging, sync points) and "
                  "make them parallel or asynchronous before optimising the parallel part.",
              source=PROFILE_SOURCE)
 
     s = scaling.amdahl_speedup(ts, tc, n)
     v, words = judge(s / n, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
-    sink.add(id="baseline/amdahl_speedup_at_target", value=s, unit="x", verdict=v,
-             threshold=f"efficiency S(N)/N: {words}",
-             message=f"Strong scaling to {n} GPUs gives at most {s:.3g}x ({s / n:.1%} efficiency) with this "
-                     f"serial share ({scaling.serial_fraction(ts, tc):.1%}).",
+    sink.add(id="baseline/amdahl_speedup_at_target", value=s, unit="x", verdict="info" if weak else v,
+             threshold=f"efficiency S(N)/N: {words}; {decides}",
+             message=f"Strong scaling (fixed global batch) to {n} GPUs gives at most {s:.3g}x ({s / n:.1%} "
+                     f"efficiency) with this serial share ({scaling.serial_fraction(ts, tc):.1%}).",
              fix="Shrink the serial share per step, or scale the batch with the GPUs (weak scaling, "
                  "Gustafson) so the parallel part grows with N.",
              source=PROFILE_SOURCE)
+
+    gs, gc = profile.gpu_step_s
+    frac = scaling.serial_fraction(gs, gc)
+    g = scaling.gustafson_speedup(frac, n)
+    v, words = judge(g / n, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
+    sink.add(id="baseline/gustafson_speedup_at_target", value=g, unit="x", verdict=v if weak else "info",
+             threshold=f"efficiency S(N)/N: {words}; " + ("decides (training.scaling: weak)" if weak else
+                                                          "info: the profile scales strongly"),
+             message=(f"With the per-GPU batch fixed, {n} GPUs do {n}x the work in one step; the serial "
+                      f"{gs:g} s of each {gs + gc:.3g} s step ({frac:.1%}) costs the same share at every scale: "
+                      f"N - s (N - 1) = {g:.4g}x ({g / n:.1%} efficiency, Gustafson)."),
+             fix="Make the serial part asynchronous (prefetch, async logging and checkpointing): at a fixed "
+                 "per-GPU batch its share of every step is lost at every scale.",
+             source=PROFILE_SOURCE)
+
+    im = implied_mfu(profile, gpu_key if gpu_key is not None else
+                     (None if profile.cluster.gpu == "auto" else profile.cluster.gpu))
+    v, words = judge(im["mfu"], warn=IMPLIED_MFU_WARN, fail=IMPLIED_MFU_FAIL, higher_is_better=False, fmt="{:.0%}")
+    t, m = profile.training, profile.model
+    what = (f"{t.microbatches} x {t.micro_batch_size} x {m.seq_len} tokens at {im['flops_per_token'] / 1e9:.3g} "
+            f"GFLOP per token (6N + 12 L h s) / (tp pp = {t.tp * t.pp}) = {im['step_flops'] / 1e12:.4g} TFLOP in "
+            f"{im['compute_s']:.3g} s of compute")
+    if im["mfu"] is None:
+        msg = f"{what}; the chip's dense peak is unknown, so the plan cannot be checked against it."
+    else:
+        msg = f"{what} = {im['mfu']:.0%} of the {im['peak_tflops']:g} TFLOP/s dense bf16 peak."
+        if v == "fail":
+            msg += (" Impossible: revisit training.step_compute_s (one GPU's compute per step at the target "
+                    "layout), training.microbatches, training.micro_batch_size and model.seq_len.")
+        elif v == "warn":
+            msg += " Better than published large-scale runs reach (~40-55 %): check the step time."
+    sink.add(id="baseline/implied_mfu", value=im["mfu"], unit="fraction", verdict=v, threshold=words,
+             message=msg,
+             fix="Measure one GPU's step at the planned micro-batch (chapter 1's baseline, on your chip) and put "
+                 "that time in the profile.", source=PROFILE_SOURCE)
 
     at = curve[curve["gpus"] == n].iloc[-1]
     eff = float(at["efficiency"])
@@ -68,10 +131,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame) 
     src = "measured on the cluster (record)" if at["source"] == "measured" else PROFILE_SOURCE
     sink.add(id="baseline/scaling_efficiency_at_target", value=eff, unit="fraction", verdict=v,
              threshold=words,
-             message=(f"At {n} GPUs a step spends {at['comm_s']:.3g} s in gradient all-reduce against "
-                      f"{ts + tc:.3g} s of work: {at['efficiency_no_overlap']:.0%} efficiency without "
-                      f"overlap, {at['efficiency_overlap']:.0%} if backward hides it fully; the verdict uses the "
-                      f"{at['source']} figure."),
+             message=(f"At {n} GPUs ({profile.training.scaling} scaling) a step spends {at['comm_s']:.3g} s in "
+                      f"gradient all-reduce (busbw {at['busbw_GBps']:.3g} GB/s; flat arithmetic "
+                      f"{at['flat_comm_s']:.3g} s) against {gs + gc:.3g} s of work per GPU: "
+                      f"{at['efficiency_no_overlap']:.0%} efficiency without overlap, {at['efficiency_overlap']:.0%} "
+                      f"if backward hides it; the verdict uses the {at['source']} figure."),
              fix="Stop scaling and fix communication first: overlap (DDP bucketing), bf16 gradients, "
                  "gradient accumulation, topology-aware groups (chapter 3).",
              source=src)
@@ -201,11 +265,18 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
     v, words = judge(float(last["efficiency"]), warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
     if not judged:
         v, words = "info", f"CPU processes share the cores, not judged; on GPUs: {words}"
+    nodes = [int(n) if pd.notna(n) else 1 for n in stages["nodes"]]
+    where = "on this machine" if max(nodes) <= 1 else f"on {nodes[0]} -> {nodes[-1]} node(s)"
+    below = stages[stages["efficiency"] < STOP_RULE_EFFICIENCY]
+    rule = (f"stop at {int(below.iloc[0]['world_size'])} and fix communication first" if len(below)
+            else "go on to the next stage")
     sink.add(id="baseline/measured_scaling_efficiency", value=float(last["efficiency"]), unit="fraction",
              verdict=v, threshold=words,
              message=(f"Data-parallel (DDP) step time at {int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
-                      f"{last['unit']} on this machine: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
-                      f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch)."),
+                      f"{last['unit']} {where}: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
+                      f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch); efficiency "
+                      + " -> ".join(f"{e:.0%}" for e in stages["efficiency"])
+                      + f"; the stop rule ({STOP_RULE_EFFICIENCY:.0%}) says: {rule}."),
              fix=f"Record efficiency at every stage (1 -> 8 -> 64 -> 512) and stop when it falls under "
                  f"{STOP_RULE_EFFICIENCY:.0%}.",
              source=source)

@@ -25,39 +25,51 @@ BUSBW_WARN, BUSBW_FAIL = 0.70, 0.40     # measured busbw / the bandwidth the pro
 def allreduce_plan(profile: Profile) -> comm.AllreducePlan:
     """The profile's gradient all-reduce per step (``preflight.models.comm.allreduce_plan``)."""
     m, c, t = profile.model, profile.cluster, profile.training
+    serial_s, compute_s = profile.gpu_step_s
     return comm.allreduce_plan(m.params, profile.dp, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
                                intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
-                               compute_s=t.step_compute_s, serial_s=t.step_serial_s)
+                               nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
+                               compute_s=compute_s, serial_s=serial_s)
 
 
 def plan(profile: Profile) -> dict:
-    """The same plan as a dict: bytes, link and why, flat-ring and hierarchical time, ratio, bounds."""
+    """The same plan as a dict: bytes, placement, rail-aware and flat time, busbw, ratio, bounds."""
     return allreduce_plan(profile).as_dict()
+
+
+def closest_tier(profile: Profile) -> str:
+    """The calculator's interconnect tier nearest the profile's NIC bandwidth (its starting position)."""
+    from preflight.hardware import LINK_TIERS_GBps
+
+    nic = comm.gbps_to_GBps(profile.cluster.inter_node_Gbps)
+    return min(LINK_TIERS_GBps, key=lambda k: abs(LINK_TIERS_GBps[k] - nic))
 
 
 def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     p = plan(profile)
     t = profile.training
-    fix_comm = ("Overlap the all-reduce with backward (DDP buckets), send bf16 gradients (half the bytes), "
-                "accumulate gradients (communicate every k micro-batches), and use a hierarchical/topology-"
-                "aware all-reduce (NCCL does inside a node first).")
+    fix_comm = ("Overlap the all-reduce with backward (DDP buckets, FSDP2 prefetch), reduce bf16 gradients "
+                "where the numerics allow (half the bytes), accumulate gradients (one all-reduce per k "
+                "micro-batches), and keep each data-parallel group on its rails: one NIC per GPU, ranks placed "
+                "tp-fastest so NCCL's rings cross each node once.")
     sink.add(id="communication/allreduce_bytes_per_rank", value=p["bytes_per_rank"], unit="bytes", verdict="info",
              threshold="recorded for reference",
              message=(f"Each of {p['dp']} data-parallel ranks sends (and receives) 2 x M/(tp pp) x (D-1)/D x "
                       f"{comm.BYTES_PER_ELEMENT[t.grad_dtype]} B = {p['bytes_per_rank'] / 1e9:.3g} GB of "
                       f"{t.grad_dtype} gradients per step."),
              fix=fix_comm, source=PROFILE_SOURCE)
-    sink.add(id="communication/allreduce_s", value=p["flat_s"], unit="s", verdict="info",
+    sink.add(id="communication/allreduce_s", value=p["time_s"], unit="s", verdict="info",
              threshold="recorded for reference",
-             message=(f"Flat ring ({p['link_why']}; latency term included): "
-                      f"{p['flat_s']:.3g} s per step; hierarchical (NVLink inside the node, then one shard "
-                      f"per GPU across nodes): {p['hierarchical_s']:.3g} s."),
+             message=(f"Ring all-reduce as NCCL runs it: {p['link_why']}; V / busbw + 2 (D-1) alpha = "
+                      f"{p['time_s']:.3g} s per step. Flat arithmetic {p['flat_s']:.3g} s: {p['flat_why']}."),
              fix=fix_comm, source=PROFILE_SOURCE)
     v, words = judge(p["ratio"], warn=BACKWARD_SHARE, fail=1.0, higher_is_better=False, fmt="{:.2g}")
     sink.add(id="communication/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
              threshold=f"{words} (backward, ~2/3 of compute, is what can hide it)",
-             message=(f"All-reduce {p['flat_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
-                      f"{p['ratio']:.2f}x." + (" No overlap can hide that." if p["ratio"] > 1 else "")),
+             message=(f"All-reduce {p['time_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
+                      f"{p['ratio']:.2f}x." + (" No overlap can hide that." if p["ratio"] > 1 else "")
+                      + (f" With {p['microbatches']} accumulated micro-batches only the last one's backward "
+                         f"({p['hide_window_s']:.3g} s) can hide it." if p["microbatches"] > 1 else "")),
              fix=fix_comm, source=PROFILE_SOURCE)
     for fid, key, what in (("communication/efficiency_no_overlap", "efficiency_no_overlap", "the all-reduce after backward"),
                            ("communication/efficiency_full_overlap", "efficiency_full_overlap",
@@ -65,10 +77,21 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
         v, words = judge(p[key], warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
         sink.add(id=fid, value=p[key], unit="fraction", verdict=v, threshold=words,
                  message=(f"Scaling efficiency at {profile.gpus} GPUs with {what}: {p[key]:.0%} "
-                          f"(work {p['work_s']:.3g} s per step, all-reduce {p['flat_s']:.3g} s)."),
+                          f"(work {p['work_s']:.3g} s per step, all-reduce {p['time_s']:.3g} s, "
+                          f"{p['exposed_overlap_s']:.3g} s of it exposed with overlap)."),
                  fix=fix_comm, source=PROFILE_SOURCE)
     return p
 
+
+
+def sweep_busbw(profile: Profile, world_size: int, nodes: int) -> float:
+    """The bus bandwidth the plan's link rule predicts for a sweep of ``world_size`` ranks on ``nodes``
+    nodes (one group, spread evenly, alone on its nodes: it may use each node's NICs up to one per rank)."""
+    c = profile.cluster
+    k = max(1, world_size // max(1, nodes))
+    place = comm.Placement(ranks_per_node=k, nodes=max(1, nodes), groups_per_node=1)
+    return comm.allreduce_link(place, intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
+                               gpus_per_node=k, nics_per_node=min(k, profile.nics_per_node)).busbw_GBps
 
 
 def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: str = "plan-only mode") -> None:
@@ -84,8 +107,7 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
     rows = pd.DataFrame(r["rows"])
     peak = rows.loc[rows["busbw_GBps"].idxmax()]
     gpu = r.get("backend") == "nccl"
-    assumed = comm.allreduce_link(r.get("nodes", 1), profile.cluster.intra_node_GBps,
-                                  profile.cluster.inter_node_Gbps).GBps      # the tier this sweep ran on
+    assumed = sweep_busbw(profile, r["world_size"], r.get("nodes", 1))      # what the plan predicts here
     share = float(peak["busbw_GBps"]) / assumed
     v, words = judge(share, warn=BUSBW_WARN, fail=BUSBW_FAIL, fmt="{:.0%}")
     if not gpu:
@@ -179,3 +201,38 @@ def add_topology_finding(sink: FindingSink, profile: Profile) -> None:
              message=message,
              fix="Keep tp <= GPUs per node (NVLink); let data parallelism span nodes; check NCCL's transport.",
              source=PROFILE_SOURCE)
+
+
+NODES_SWEEP_CMD = "sbatch --nodes=2 slurm/torchrun_nodes.sbatch preflight.bench.allreduce --out results/"
+
+
+def add_nodes_sweep_finding(sink: FindingSink, across, one=None,
+                            why_missing: str = "no all-reduce record across nodes in --results") -> None:
+    """The all-reduce sweep across Slurm nodes (``across``: a recorded ``Measured`` or None) next to the
+    single-node one (``one``, or None). Whether the "nodes" were separate machines is read from the
+    record (every rank's host name): two Slurm nodes on one host exchange their bytes over loopback, and
+    the sweep says nothing about a network; on a real cluster the same command measures the network."""
+    fix = f"Measure the network between nodes: {NODES_SWEEP_CMD}"
+    sink.measured("communication/measured_busbw_across_nodes", across, "GB/s", lambda r: _nodes_sweep(r, one, fix),
+                  why_missing=why_missing, missing_fix=fix)
+
+
+def _nodes_sweep(r: dict, one, fix: str) -> dict:
+    rows = pd.DataFrame(r["rows"])
+    peak = rows.loc[rows["busbw_GBps"].idxmax()]
+    nodes, hosts = int(r.get("nodes", 1)), r.get("hosts") or []
+    names = ", ".join(r.get("slurm_nodes") or []) or "?"
+    msg = (f"Peak bus bandwidth {peak['busbw_GBps']:.3g} GB/s at {peak['bytes'] / 1e6:.3g} MB across {nodes} nodes "
+           f"({names}) x {r.get('processes_per_node', 1)} process(es), {r['world_size']} ranks, {r.get('backend')}")
+    if one is not None:
+        single = pd.DataFrame(one.results["rows"])
+        top = single.loc[single["busbw_GBps"].idxmax()]
+        msg += (f"; on one node ({one.results['world_size']} ranks) {top['busbw_GBps']:.3g} GB/s at "
+                f"{top['bytes'] / 1e6:.3g} MB: {peak['busbw_GBps'] / top['busbw_GBps']:.2g}x")
+    if hosts and len(hosts) < nodes:
+        msg += (f". The {nodes} Slurm nodes share one host ({', '.join(hosts)}): the bytes crossed loopback, not a "
+                "network; on a real cluster the same command measures the network between nodes.")
+    else:
+        msg += f", on {len(hosts) or '?'} hosts: the network between them."
+    return dict(value=float(peak["busbw_GBps"]), verdict="info", threshold="recorded for reference", message=msg,
+                fix=fix)

@@ -90,12 +90,20 @@ FIX_LOADER = (f"Use DataLoader workers (~{M.WORKER_SHARE[0]:.0%}-{M.WORKER_SHARE
               "copies; keep every stage at >= 1.2x the device's rate.")
 
 
-def _headroom_finding(sink, fid, row: dict, label: str, source: str) -> None:
+def loader_verdict(row: dict) -> str:
+    """The verdict of one loader setting (a row of the tuner): the worse of its supply/consumption
+    against the 1.2x rule and of the device idle share it measured. Supply alone can pass while the
+    device waits (num_workers=0 loads inside the step: fast, but never overlapped), so the tuner's
+    chart, its table and the findings all use this one rule."""
     vh, _ = judge(row["headroom"], warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL)
     vi, _ = judge(row["idle_share"], warn=IDLE_WARN, fail=IDLE_FAIL, higher_is_better=False)
+    return worst([vh, vi])
+
+
+def _headroom_finding(sink, fid, row: dict, label: str, source: str) -> None:
     inproc = (" With num_workers=0 the loader runs inside the training loop: however fast it is, its "
               "supply never overlaps with the step." if row["num_workers"] == 0 else "")
-    sink.add(id=fid, value=row["headroom"], unit="x", verdict=worst([vh, vi]),
+    sink.add(id=fid, value=row["headroom"], unit="x", verdict=loader_verdict(row),
              threshold=f"supply/consumption {HEADROOM_WORDS}; and device idle {IDLE_WORDS}",
              message=(f"{label}: supply {row['supply_samples_per_s']:,.0f} samples/s against consumption "
                       f"{row['consume_samples_per_s']:,.0f} samples/s = {row['headroom']:.2f}x; the device "

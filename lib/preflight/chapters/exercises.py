@@ -1,6 +1,12 @@
 """The predict-then-measure exercises of each chapter (``preflight.exercises``), on the learner's own
 profile. Answers are computed by the library when checked: formulas of ``preflight.models`` or, where
 a chapter passes its measurement, the number measured on this machine.
+
+**No spoilers.** A question the chapter has already answered teaches nothing: the learner copies the
+number. So each question is either asked before its answer appears (the fusion speedup is predicted
+before it is measured), or asks about a configuration *next to* the profile's, one the chapter does
+not show: a different file budget, gradient dtype and data-parallel size, pipeline depth, time span
+or node count. The learner has to apply the formula the chapter taught, not read its result.
 """
 from __future__ import annotations
 
@@ -13,46 +19,95 @@ GiB = 2 ** 30
 
 
 def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str, Exercise]:
+    """Amdahl at 256 GPUs with half the profile's serial work (the chapter charts the profile's own), the
+    model states under a sharding the profile does not use, and (when measured) the torch.compile speedup."""
     from preflight.models import scaling
+    from preflight.models.states import LAYOUT, STAGES, state_rows
 
-    t = profile.training
-    n = 256
+    t, c = profile.training, profile.cluster
+    n, ts = 256, t.step_serial_s / 2          # the chapter shows the profile's Ts: ask about half of it
+    stage = 1 if 1 in STAGES[t.framework] else 3           # fsdp2 offers only ZeRO-3
+    shard = c.gpus_per_node if c.gpus_per_node > 1 else 8
+    if (t.zero_stage, t.shard_group) == (stage, "node"):   # the chapter shows that one: ask about two nodes
+        shard *= 2
+    rows = state_rows(t.framework, "mixed", stage, profile.model.params, shard, "params")
+    layout = LAYOUT[t.framework, "mixed"]
+    sharded = [term for term, _, formula in rows if "sharded" in formula]
     ex = {
         "amdahl": Exercise(
             "amdahl", f"Each step has {t.step_serial_s:g} s of serial work and {t.step_compute_s:g} s that "
-            f"parallelises. How many times faster than one GPU can {n} GPUs run it (strong scaling)?", "x",
-            lambda: scaling.amdahl_speedup(t.step_serial_s, t.step_compute_s, n),
-            f"Amdahl: (Ts + Tc) / (Ts + Tc/N). The serial part caps the speedup at 1 + Tc/Ts = "
-            f"{scaling.amdahl_ceiling(t.step_serial_s, t.step_compute_s):.3g}x however many GPUs are added.",
+            f"parallelises. The team halves the serial work (to {ts:g} s). How many times faster than one GPU "
+            f"can {n} GPUs then run it (strong scaling)?", "x",
+            lambda: scaling.amdahl_speedup(ts, t.step_compute_s, n),
+            f"Amdahl: (Ts + Tc) / (Ts + Tc/N). The serial part caps the speedup at 1 + Tc/Ts: halving Ts moves "
+            f"the cap from {scaling.amdahl_ceiling(t.step_serial_s, t.step_compute_s):.3g}x to "
+            f"{scaling.amdahl_ceiling(ts, t.step_compute_s):.3g}x. Removing serial work buys more than adding GPUs.",
             rel_tol=0.2, log=True),
         "model_states": Exercise(
             "model_states", f"A {profile.model.params / 1e9:g}B-parameter model trained with mixed-precision Adam "
-            "and no ZeRO, on one GPU (no tensor or pipeline parallelism): how many GiB do weights + gradients + "
-            "optimizer state take?", "GiB",
-            lambda: 16 * profile.model.params / GiB,
-            "2 bytes of weights + 2 of gradients + 12 of optimizer state (fp32 master, momentum, variance) = "
-            "16 bytes per parameter, before a single activation (Rajbhandari et al. 2020).", rel_tol=0.15),
+            f"in the {t.framework} layout, no tensor or pipeline parallelism, with ZeRO stage {stage} sharding over "
+            f"{shard} GPUs: how many GiB do weights + gradients + optimizer state take on each GPU?", "GiB",
+            lambda: sum(b for _, b, _ in rows) / GiB,
+            f"{t.framework}: {layout[0]} bytes of weights + {layout[1]} of gradients + {layout[2]} of optimizer "
+            f"state per parameter ({sum(layout)} in all); ZeRO-{stage} divides the {' and '.join(sharded)} by "
+            f"{shard}: " + " + ".join(f"{b / profile.model.params:.3g}" for _, b, _ in rows) + " bytes per "
+            "parameter (preflight.models.states).", rel_tol=0.15),
     }
     if fusion_speedup:
-        ex["fusion"] = Exercise(
-            "fusion", "torch.compile fuses GELU + add + LayerNorm into fewer kernels. How many times faster is "
-            "the fused block than the eager one on this machine?", "x", lambda: fusion_speedup,
-            "Memory-bound ops gain from fusion by not writing intermediates to memory; the gain is larger on a "
-            "GPU, where those ops are a bigger share of the step.", rel_tol=0.2, log=True)
+        ex["fusion"] = fusion(fusion_speedup)
     return ex
 
 
+def fusion(speedup: float | None = None, on_workload: bool = False) -> Exercise:
+    """The torch.compile speedup of chapter 1: asked *before* it is measured (``speedup`` None: the
+    question only), checked with the measured number. ``on_workload``: the profile's own model is
+    measured instead of the reference block."""
+    def answer() -> float:
+        if not speedup:
+            raise ValueError("the fusion speedup was not measured on this machine")
+        return speedup
+    what = ("your model's forward + backward" if on_workload else
+            "a Linear-GELU-add-LayerNorm block's forward + backward")
+    return Exercise(
+        "fusion", f"torch.compile fuses the elementwise ops of {what} into fewer kernels. How many times "
+        "faster than eager will the compiled version run on this machine?", "x", answer,
+        "Memory-bound ops gain from fusion by not writing intermediates to memory; the gain is larger on a "
+        "GPU, where those ops are a bigger share of the step.", rel_tol=0.2, log=True)
+
+
+def files_within(seconds: float, storage: str) -> int:
+    """The most files whose start-up listing on ``storage`` takes at most ``seconds`` (bisection over
+    ``preflight.models.data.listing_time_s``, which is monotone in the file count)."""
+    from preflight.models import data as D
+
+    lo, hi = 0, 10 ** 13
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if D.listing_time_s(mid, storage) <= seconds:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+LISTING_BUDGET_S = 60.0          # the start-up budget of chapter 2's listing question
+
+
 def data_pipeline(profile: Profile) -> dict[str, Exercise]:
+    """The file budget of one minute of listing (chapter 2 shows the listing time of the profile's
+    count, not the count a time allows), and the workers for the 1.2x rule at given rates."""
     from preflight.models import data as D
 
     d = profile.data
     return {
         "listing": Exercise(
-            "listing", f"The dataset has {d.files:,} files on {d.storage}. How many minutes does merely listing "
-            "them (one metadata operation each) take before the first batch?", "min",
-            lambda: D.listing_time_s(d.files, d.storage) / 60,
+            "listing", f"Your start-up may spend at most {LISTING_BUDGET_S / 60:g} minute listing the dataset on "
+            f"{d.storage} (one metadata operation per file, one client). How many files can the dataset have at "
+            f"most (yours has {d.files:,})?", "files",
+            lambda: float(files_within(LISTING_BUDGET_S, d.storage)),
             f"Per-file metadata latency on {d.storage} is {D.latency(d.storage).stat_s * 1e3:g} ms, paid once per "
-            "file by every process that lists them; shards of 256 MB cut the count by orders of magnitude.",
+            f"file by every process that lists them: {LISTING_BUDGET_S:g} s buys that many files, whatever their "
+            "size. Shards of 256 MB hold tens of thousands of small samples each: the budget then counts shards.",
             rel_tol=0.5, log=True),
         "workers": Exercise(
             "workers", "The GPU consumes 2,000 samples/s and one loader worker preprocesses 600 samples/s. How "
@@ -62,61 +117,112 @@ def data_pipeline(profile: Profile) -> dict[str, Exercise]:
     }
 
 
-def communication(profile: Profile) -> dict[str, Exercise]:
-    from preflight.chapters.communication import allreduce_plan
+OTHER_DTYPE = {"fp32": "bf16", "bf16": "fp32", "fp16": "fp32"}
 
-    t, c = profile.training, profile.cluster
-    p = allreduce_plan(profile)             # preflight.models.comm.allreduce_plan on the profile
-    link = (f"At {c.inter_node_Gbps:g} Gb/s per GPU between nodes" if p.link == "inter-node" else
+
+def communication(profile: Profile) -> dict[str, Exercise]:
+    """The profile's all-reduce with the other gradient dtype on twice the data-parallel ranks (the
+    chapter shows the profile's own): bytes per rank, then the time."""
+    from preflight.models import comm
+
+    m, c, t = profile.model, profile.cluster, profile.training
+    dtype, dp = OTHER_DTYPE[t.grad_dtype], 2 * profile.dp
+    serial_s, compute_s = profile.gpu_step_s
+    p = comm.allreduce_plan(m.params, dp, dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
+                            intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
+                            nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
+                            compute_s=compute_s, serial_s=serial_s)
+    link = (f"With {p.nics_per_node} NIC(s) of {c.inter_node_Gbps:g} Gb/s per node and {p.ranks_per_node} rank(s) "
+            "of the group per node" if p.link == "inter-node" else
             f"Inside one node, at {c.intra_node_GBps:g} GB/s per GPU over NVLink")
     return {
         "volume": Exercise(
-            "volume", f"Ring AllReduce of {profile.model.params / 1e9:g}B {t.grad_dtype} gradients over "
-            f"dp={profile.dp} ranks: how many GB does each GPU send per step?", "GB", lambda: p.bytes_per_rank / 1e9,
+            "volume", f"Your plan with {dtype} gradients instead of {t.grad_dtype}, on twice the data-parallel "
+            f"ranks (dp={dp} instead of {profile.dp}): ring AllReduce of the {m.params / 1e9:g}B gradients. How many "
+            "GB does each GPU send per step?", "GB", lambda: p.bytes_per_rank / 1e9,
             "2 (D-1)/D x the gradient bytes: every byte goes out twice (reduce-scatter, all-gather), nearly "
-            "independent of D.", rel_tol=0.2, log=True),
+            f"independent of D; {comm.BYTES_PER_ELEMENT[dtype]} bytes per {dtype} gradient instead of "
+            f"{comm.BYTES_PER_ELEMENT[t.grad_dtype]}.", rel_tol=0.2, log=True),
         "time": Exercise(
             "time", f"{link}, how many seconds does that AllReduce take if nothing overlaps it?", "s",
-            lambda: p.flat_s,
-            "Gb/s are bits: divide by 8 for GB/s; the ring also pays 2 (D-1) latency steps. Compare it with "
-            "the compute per step: that ratio decides whether overlap, bucketing and bf16 gradients matter.",
+            lambda: p.time_s,
+            "Gb/s are bits: divide by 8 for GB/s. NCCL's rings leave each node through one NIC per rank of the "
+            "group there, so the bus bandwidth is that many NICs (bounded by NVLink); the ring also pays "
+            "2 (D-1) latency steps. Dividing by one NIC (the flat arithmetic) holds only for one NIC per node. "
+            "Compare the time with the compute per step: that ratio decides whether overlap matters.",
             rel_tol=0.3, log=True),
     }
+
+
+GRID_P, GRID_M = (2, 4, 8), (4, 8, 16, 32)       # the (p, m) of chapter 4's bubble table
+
+
+def asked_pipeline(profile: Profile) -> tuple[int, int]:
+    """``(p, m)`` of chapter 4's bubble questions: a pipeline the chapter does not show. Its Gantt chart
+    draws the profile's ``(pp, microbatches)`` when pp > 1, else p=4, m=8, and its table every p in
+    ``GRID_P`` with every m in ``GRID_M``. The question keeps the chart's m and takes the first depth
+    from two stages more whose bubble (p-1)/(m+p-1) is none of those shown (5/20 would repeat the
+    table's 1/5)."""
+    from preflight.models import pipeline as P
+
+    t = profile.training
+    p, m = (t.pp, t.microbatches) if t.pp > 1 else (4, 8)
+    shown = {round(P.bubble_fraction(a, b), 3) for a in GRID_P for b in GRID_M} | {round(P.bubble_fraction(p, m), 3)}
+    q = p + 2
+    while q in GRID_P or round(P.bubble_fraction(q, m), 3) in shown:
+        q += 1
+    return q, m
 
 
 def load_balance(profile: Profile) -> dict[str, Exercise]:
     from preflight.models import pipeline as P
 
+    p, m = asked_pipeline(profile)
+    under = next(k for k in range(1, 1_000_000) if P.bubble_fraction(p, k) < 0.10)
     return {
         "bubble": Exercise(
-            "bubble", "A pipeline of p=4 stages runs m=8 micro-batches per step (1F1B). What share of the step "
-            "does each GPU sit idle in the bubble?", "%", lambda: 100 * P.bubble_fraction(4, 8),
-            "(p-1)/(m+p-1) = 3/11: the popular (p-1)/(m p) = 9.4 % divides the fill and drain by the wrong "
-            "length. More micro-batches or interleaving shrink it.", rel_tol=0.15),
+            "bubble", f"A pipeline of p={p} stages runs m={m} micro-batches per step (1F1B). What share of the step "
+            "does each GPU sit idle in the bubble?", "%", lambda: 100 * P.bubble_fraction(p, m),
+            f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}: the popular (p-1)/(m p) = {100 * P.wrong_bubble(p, m):.3g} % "
+            "divides the fill and drain by the wrong length. More micro-batches or interleaving shrink it.",
+            rel_tol=0.15),
         "bubble_m": Exercise(
             "bubble_m", "Same pipeline: how many micro-batches m bring the bubble under 10 %?", "micro-batches",
-            lambda: float(next(m for m in range(1, 10_000) if P.bubble_fraction(4, m) < 0.10)),
-            "(p-1)/(m+p-1) < 0.1 needs m > 9(p-1) = 27: Megatron's rule of thumb m >= 4p is not enough for 10 %.",
-            rel_tol=0.15),
+            lambda: float(under),
+            f"(p-1)/(m+p-1) < 0.1 needs m > 9(p-1) = {9 * (p - 1)}: GPipe's rule of thumb m >= 4p ({4 * p} here) "
+            f"still leaves {p - 1}/{5 * p - 1} = {100 * P.bubble_fraction(p, 4 * p):.3g} %, and (p-1)/(5p-1) tends "
+            "to 20 % for deep pipelines.", rel_tol=0.15),
     }
+
+
+WEEK_DAYS = 7
+FIELD_P_NODE_DAY = 1e-4       # the field report's rate, asked about when the profile assumes no failures
 
 
 def fault_tolerance(profile: Profile) -> dict[str, Exercise]:
+    """Failure odds over a week (the chapter shows a day and the whole run), and the checkpoint interval
+    on twice the nodes (the chapter shows the profile's)."""
     from preflight.models import resilience as R
 
     c, t = profile.cluster, profile.training
-    mtbf_s = R.system_mtbf_h(c.node_failure_per_day, c.nodes) * 3600
+    rate = c.node_failure_per_day or FIELD_P_NODE_DAY
+    nodes = 2 * c.nodes
+    mtbf_s = R.system_mtbf_h(c.node_failure_per_day, nodes) * 3600
     ex = {
         "day": Exercise(
-            "day", "1,000 nodes each fail with probability 1e-4 on a given day. What is the probability that at "
-            "least one fails today?", "%", lambda: 100 * R.failure_prob(1e-4, 1000, 1.0),
-            "1 - (1 - p)^N = 9.5 %: small per-node odds, multiplied by a thousand nodes.", rel_tol=0.2, log=True),
+            "day", f"{c.nodes:,} nodes each fail with probability {rate:g} on a given day. What is the probability "
+            f"that at least one fails within a week ({WEEK_DAYS} days)?", "%",
+            lambda: 100 * R.failure_prob(rate, c.nodes, WEEK_DAYS),
+            f"1 - (1 - p)^(N days): what counts is node-days ({c.nodes * WEEK_DAYS:,} here), so small per-node "
+            "odds add up over nodes and days alike.", rel_tol=0.2, log=True),
     }
     if math.isfinite(mtbf_s):
         ex["interval"] = Exercise(
-            "interval", f"Writing a checkpoint takes {t.checkpoint_write_s:g} s and the system MTBF is "
-            f"{mtbf_s / 3600:,.0f} h. How many hours between checkpoints minimise the expected waste?", "h",
+            "interval", f"Writing a checkpoint takes {t.checkpoint_write_s:g} s. The run grows to twice the nodes "
+            f"({nodes:,} instead of {c.nodes:,}), same failure rate per node. How many hours between checkpoints "
+            "minimise the expected waste?", "h",
             lambda: R.daly_interval(t.checkpoint_write_s, mtbf_s) / 3600,
-            "Young: sqrt(2 C M); Daly refines it when C is not small against M. The waste curve is flat near its "
-            "minimum, so anything within a factor of ~1.5 costs little.", rel_tol=0.5, log=True)
+            f"Twice the nodes halve the system MTBF (to {mtbf_s / 3600:,.0f} h); Young's sqrt(2 C M) then shrinks "
+            "by sqrt(2), not by 2. Daly refines it when C is not small against M. The waste curve is flat near "
+            "its minimum, so anything within a factor of ~1.5 costs little.", rel_tol=0.5, log=True)
     return ex

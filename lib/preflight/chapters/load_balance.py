@@ -11,13 +11,15 @@ import pandas as pd
 from preflight.findings import FindingSink, judge
 from preflight.models import padding as PAD
 from preflight.models import pipeline as P
+from preflight.models import zerobubble as Z
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
 # Thresholds (one home). Padding: a tenth of the tokens wasted is worth fixing, a third is the field
-# case's order. Bubble: under 10 % of the step is the Megatron-LM target (m >= 4 p); over 25 % wastes a
-# quarter of every GPU in the pipeline.
+# case's order. Bubble: under 10 % of the step passes, which needs (p-1)/(m+p-1) < 0.1, i.e. m > 9 (p-1)
+# micro-batches (or interleaving); GPipe's rule of thumb m >= 4 p leaves (p-1)/(5p-1) = 16-20 % (a warn);
+# over 25 % wastes a quarter of every GPU in the pipeline.
 PADDING_WARN, PADDING_FAIL = 0.10, 0.30
 BUBBLE_WARN, BUBBLE_FAIL = 0.10, 0.25
 PADDING_BATCH = 16               # samples per batch for the padding estimate
@@ -41,7 +43,9 @@ def lengths(profile: Profile, profile_path: str | Path | None = None):
 def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None) -> pd.DataFrame:
     """Padding waste and pipeline bubble of the plan; returns the padding table."""
     lens = lengths(profile, profile_path)
-    table = PAD.padding_table(lens, PADDING_BATCH, n_buckets=N_BUCKETS)
+    seq_len = profile.model.seq_len
+    table = PAD.padding_table(lens, PADDING_BATCH, n_buckets=N_BUCKETS, seq_len=seq_len)
+    table.attrs["packing"] = pack = PAD.packing(lens, seq_len, PADDING_BATCH, policy="split")
     by = dict(zip(table["strategy"], table["waste"]))
     in_batch = next(k for k in by if "batch" in k)
     in_dataset = next(k for k in by if "dataset" in k)
@@ -53,8 +57,14 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     sink.add(id="load_balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
              message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {by[in_batch]:.0%} of "
                       f"the tokens computed ({src}); padding to the longest in the dataset {by[in_dataset]:.0%}; "
-                      f"length bucketing ({N_BUCKETS} buckets) {by[bucket]:.0%}."),
-             fix="Batch by length (preflight.sampling.LengthBucketSampler) or pack sequences; never pad to the "
+                      f"length bucketing ({N_BUCKETS} buckets) {by[bucket]:.0%}. Packing into rows of {seq_len} "
+                      f"tokens: {by[PAD.PACKING['split']]:.1%} (samples cut at row ends), "
+                      f"{by[PAD.PACKING['best_fit']]:.1%} (whole samples, best fit), {by[PAD.PACKING['next_fit']]:.0%} "
+                      f"(whole samples, next fit); but a batch of {PADDING_BATCH} rows then holds "
+                      f"{pack['samples_per_batch_min']}-{pack['samples_per_batch_max']} samples, not {PADDING_BATCH}, "
+                      "and attention must be masked per document, or tokens attend across documents."),
+             fix="Batch by length (preflight.sampling.LengthBucketSampler) or pack sequences with document masks "
+                 "(varlen / FlexAttention kernels, positions restarting per document); never pad to the "
                  "dataset's maximum.", source=PROFILE_SOURCE)
 
     t = profile.training
@@ -62,14 +72,19 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     frac = P.bubble_fraction(t.pp, t.microbatches, v_chunks)
     over = P.bubble_over_ideal(t.pp, t.microbatches, v_chunks)
     wrong = P.wrong_bubble(t.pp, t.microbatches)
+    zb = Z.bubble_equal_times(t.pp, t.microbatches)
     v, words = judge(frac, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False, fmt="{:.0%}")
     plan = f"pp={t.pp}, m={t.microbatches}, {t.pipeline_schedule}" + (f", v={v_chunks}" if v_chunks > 1 else "")
     sink.add(id="load_balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
              message=(f"{plan}: the pipeline idles (p-1)/(v m + p-1) = {frac:.1%} of the step"
                       + (" (no pipeline parallelism)." if t.pp == 1 else
                          f"; the popular (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
-                         "drain slots by p m, as if the step lasted p m slots of one stage.")),
-             fix="More micro-batches (m >= 4 p), an interleaved schedule (v chunks per GPU), or fewer stages.",
+                         "drain slots by p m, as if the step lasted p m slots of one stage. A zero-bubble "
+                         f"schedule (ZB-H1, 1F1B's peak memory) would idle {zb:.1%} with equal forward, input- and "
+                         "weight-gradient times, if splitting the backward costs nothing extra.")),
+             fix=("More micro-batches (under 10 % needs m > 9 (p-1); GPipe's m >= 4 p still leaves 16-20 %), an "
+                  "interleaved schedule (v chunks per GPU divide the bubble by v), a zero-bubble schedule (ZB-H1: "
+                  "about a third of 1F1B's bubble), or fewer stages."),
              source=PROFILE_SOURCE)
     sink.add(id="load_balance/bubble_over_ideal", value=over, unit="fraction", verdict="info",
              threshold="recorded for reference (Narayanan et al. 2021's bubble time fraction)",

@@ -1,4 +1,4 @@
-"""Padding waste: what batching sequences of unequal length costs, and how bucketing recovers it.
+"""Padding waste: what batching sequences of unequal length costs, and how bucketing and packing recover it.
 
 A batch of token sequences is a rectangle: every sequence is padded to the longest one in it, and
 the padded positions cost compute like real tokens (more, for attention, which grows with the
@@ -7,7 +7,7 @@ spanning tens of times (a long-tailed, roughly log-normal distribution is typica
 
     waste = padded tokens / (real + padded tokens)        cost vs ideal = 1 / (1 - waste)
 
-Three strategies, worst to best (pitfalls brief, section 4):
+Three padding strategies, worst to best (pitfalls brief, section 4), then packing:
 
 1. pad everything to the longest sequence in the dataset (a fixed ``max_length``);
 2. pad to the longest in each random batch (dynamic padding, e.g. a collate function);
@@ -15,11 +15,29 @@ Three strategies, worst to best (pitfalls brief, section 4):
    (fairseq's and torchtext's bucket iterators; field case in the brief: 2x single-GPU throughput).
 
 Bucketing trades randomness for padding: ``n_buckets = 1`` is random batching, one bucket per
-batch is fully sorted batching. Packing several sequences into one row removes padding entirely
-but needs attention masks that stop at sequence boundaries; it is not modelled here.
+batch is fully sorted batching.
+
+4. sequence packing, the usual pretraining answer (``pack_rows``, ``packing``): concatenate samples
+   into rows of exactly ``seq_len`` tokens. Policies: *split* (a sample that does not fit is cut at
+   the row's end and continues in the next row: the only padding is the tail of the very last row),
+   and two that keep samples whole, *next fit* (a sample that does not fit starts a new row; the
+   row's tail is padding) and *best fit decreasing* (almost no padding, but rows of a fixed company).
+   (Next to) no padding, but:
+
+   * **batch statistics change**: a batch is a fixed number of tokens holding a varying number of
+     samples (``samples_per_batch_min`` / ``_max``), not a fixed number of samples;
+   * **attention must stop at document boundaries**: without a document mask (FlashAttention's
+     varlen kernels with ``cu_seqlens``, FlexAttention's document mask, a block-diagonal mask) every
+     token attends to the unrelated documents before it in its row, and positions (RoPE) should
+     restart per document;
+   * **loss weighting**: a per-token mean over the packed batch weights each sample by its length;
+     a per-sample mean (each sample's mean, then the mean over samples) must be computed per
+     document, with the document ids, and the two differ in what they optimise;
+   * *split* cuts documents (``split_samples``): the second piece loses the first as context.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 from pathlib import Path
@@ -184,9 +202,97 @@ def length_bucketing(lengths, batch: int, n_buckets: int | None = None,
     return _waste("length bucketing", a, batches)
 
 
-def padding_table(lengths, batch: int, n_buckets: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """The three strategies side by side: strategy, real_tokens, padded_tokens, waste, relative_cost."""
+PACKING = {"split": "packing, samples split at row ends",
+           "next_fit": "packing, whole samples (next fit)",
+           "best_fit": "packing, whole samples (best fit decreasing)"}
+
+
+def pack_rows(lengths, seq_len: int, policy: str = "split", seed: int = 0) -> list[list[tuple[int, int]]]:
+    """Pack samples into rows of ``seq_len`` tokens: each row a list of ``(sample index, tokens of that
+    sample in this row)``. A sample longer than ``seq_len`` first fills whole rows of its own (whole-
+    sample policies). Policies, samples taken in a shuffled order unless said otherwise:
+
+    * ``split``: fill each row to the brim; a sample that does not fit continues in the next row
+      (every row is full but the last: pretraining's "concatenate, then chunk"; torchtune's greedy
+      ``PackedDataset`` with ``split_across_pack=True``);
+    * ``next_fit``: a sample that does not fit closes the row (its tail is padding) and opens the next
+      (that ``PackedDataset``'s default, ``split_across_pack=False``);
+    * ``best_fit``: longest first, each into the open row it fills most tightly (best fit decreasing,
+      an offline bin packer); the rows, not the samples, are then shuffled, so a row's company is fixed.
+    """
+    a = _as_lengths(lengths)
+    if int(seq_len) != seq_len or seq_len < 1:
+        raise ValueError(f"seq_len must be an integer >= 1 (got {seq_len})")
+    if policy not in PACKING:
+        raise ValueError(f"policy must be one of {sorted(PACKING)} (got {policy!r})")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(a.size)
+    if policy == "best_fit":
+        order = order[np.argsort(-a[order], kind="stable")]
+    rows, row, used = [], [], 0
+    free: list[tuple[int, int]] = []                      # best fit: (free tokens, row number), sorted
+    for i in order:
+        i, left = int(i), int(a[i])
+        if policy != "split":
+            while left > seq_len:                          # whole rows of a too-long sample first
+                rows.append([(i, seq_len)])
+                left -= seq_len
+        if policy == "best_fit":
+            k = bisect.bisect_left(free, (left, -1))       # the tightest open row it fits in
+            if k == len(free):
+                rows.append([])
+                room, r = seq_len, len(rows) - 1
+            else:
+                room, r = free.pop(k)
+            rows[r].append((i, left))
+            if room - left:
+                bisect.insort(free, (room - left, r))
+            continue
+        if policy == "next_fit" and used + left > seq_len:   # does not fit: close the row
+            rows.append(row)
+            row, used = [], 0
+        while left:
+            take = min(left, seq_len - used)
+            row.append((i, take))
+            used, left = used + take, left - take
+            if used == seq_len:
+                rows.append(row)
+                row, used = [], 0
+    if row:
+        rows.append(row)
+    if policy == "best_fit":
+        rows = [rows[k] for k in rng.permutation(len(rows))]
+    return rows
+
+
+def packing(lengths, seq_len: int, batch: int, policy: str = "split", seed: int = 0) -> dict:
+    """Packed rows of ``seq_len`` (``pack_rows``), ``batch`` rows per batch: the waste columns of the
+    other strategies (padded_tokens = the rows' empty tails) plus rows, samples_per_batch_min / _mean /
+    _max (samples with tokens in a batch; a padded batch always holds ``batch``) and split_samples
+    (samples cut across rows: the later piece loses the earlier as context)."""
+    a = _as_lengths(lengths)
+    _check_batch(batch)
+    rows = pack_rows(a, seq_len, policy=policy, seed=seed)
+    real, total = int(a.sum()), len(rows) * int(seq_len)
+    per_batch = [len({i for row in rows[k:k + batch] for i, _ in row}) for k in range(0, len(rows), batch)]
+    pieces = np.bincount([i for row in rows for i, _ in row], minlength=a.size)
+    return {"strategy": PACKING[policy], "real_tokens": real, "padded_tokens": total - real,
+            "waste": (total - real) / total, "relative_cost": total / real, "rows": len(rows),
+            "samples_per_batch_min": min(per_batch), "samples_per_batch_mean": float(np.mean(per_batch)),
+            "samples_per_batch_max": max(per_batch),
+            "split_samples": int((pieces > 1).sum()) if policy == "split" else 0}
+
+
+COLUMNS = ["strategy", "real_tokens", "padded_tokens", "waste", "relative_cost"]
+
+
+def padding_table(lengths, batch: int, n_buckets: int | None = None, seed: int = 0,
+                  seq_len: int | None = None) -> pd.DataFrame:
+    """The strategies side by side: strategy, real_tokens, padded_tokens, waste, relative_cost. With
+    ``seq_len``, the three packing policies too (rows of ``seq_len``, ``batch`` rows per batch)."""
     rows = [pad_to_longest_in_dataset(lengths, batch),
             pad_to_longest_in_batch(lengths, batch, shuffle_seed=seed),
             length_bucketing(lengths, batch, n_buckets=n_buckets, seed=seed)]
-    return pd.DataFrame(rows)
+    if seq_len is not None:
+        rows += [packing(lengths, seq_len, batch, policy=policy, seed=seed) for policy in PACKING]
+    return pd.DataFrame(rows)[COLUMNS]

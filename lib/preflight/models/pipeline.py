@@ -157,27 +157,42 @@ def schedule_timeline(p: int, m: int, schedule: str = "1f1b", v: int = 1, t_fwd:
     if len(scale) != p or min(scale) <= 0:
         raise ValueError(f"stage_scale needs {p} multipliers > 0 (got {stage_scale})")
     orders = [_stage_order(p, m, schedule, v, s) for s in range(p)]
+    df = simulate(orders, lambda kind, s, j, c: _deps(kind, s, j, c, p, v),
+                  lambda kind, s: (t_fwd if kind == "F" else t_bwd) / v * scale[s],
+                  f"schedule {schedule!r} with p={p}, m={m}, v={v}")
+    df.attrs.update(p=p, m=m, v=v, schedule=schedule)
+    return df
+
+
+def simulate(orders, deps, duration, label: str = "schedule") -> pd.DataFrame:
+    """Run per-stage op lists against their dependencies: the list scheduler every schedule here uses.
+
+    ``orders[s]``: the (kind, micro-batch, chunk) ops stage ``s`` runs, in order, one at a time.
+    ``deps(kind, s, j, c)``: the (kind, stage, micro-batch, chunk) ops that must end first.
+    ``duration(kind, s)``: how long the op takes. Each op starts when its stage is free and its last
+    dependency has ended (communication is free). A stage whose next op waits on an op that can
+    never run (a cycle between stages' orders) raises RuntimeError naming ``label``.
+    """
+    p = len(orders)
     nxt, free, done, rows = [0] * p, [0] * p, {}, []
     while len(rows) < sum(len(o) for o in orders):
         progress = False
         for s in range(p):
             while nxt[s] < len(orders[s]):
                 kind, j, c = orders[s][nxt[s]]
-                deps = _deps(kind, s, j, c, p, v)
-                if any(d not in done for d in deps):
+                need = deps(kind, s, j, c)
+                if any(d not in done for d in need):
                     break
-                start = max([free[s]] + [done[d] for d in deps])
-                end = start + (t_fwd if kind == "F" else t_bwd) / v * scale[s]
+                start = max([free[s]] + [done[d] for d in need])
+                end = start + duration(kind, s)
                 done[(kind, s, j, c)] = free[s] = end
                 rows.append({"stage": s, "microbatch": j, "chunk": c, "kind": kind,
                              "start": start, "end": end})
                 nxt[s] += 1
                 progress = True
         if not progress:
-            raise RuntimeError(f"schedule {schedule!r} deadlocks for p={p}, m={m}, v={v}")
-    df = pd.DataFrame(rows).sort_values(["start", "stage"], ignore_index=True)
-    df.attrs.update(p=p, m=m, v=v, schedule=schedule)
-    return df
+            raise RuntimeError(f"{label} deadlocks")
+    return pd.DataFrame(rows).sort_values(["start", "stage"], ignore_index=True)
 
 
 def timeline_bubble(df: pd.DataFrame) -> float:

@@ -9,8 +9,9 @@ from preflight.numfmt import gib
 from preflight.widgets.core import explorer, readout
 
 
-def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384) -> W.VBox:
-    """Sliders: serial time Ts, parallel time Tc (s), workers N (powers of two)."""
+def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384, source: str = "") -> W.VBox:
+    """Sliders: serial time Ts, parallel time Tc (s), workers N (powers of two). ``source``: where the
+    starting Ts and Tc come from, named in the chart title and the explorer's heading."""
     style = {"description_width": "170px"}
     layout = W.Layout(width="520px")
     hi = max(ts, tc) * 4 or 1.0
@@ -32,17 +33,19 @@ def amdahl_explorer(ts: float, tc: float, n: int, n_max: int = 16384) -> W.VBox:
         n_workers = 2 ** n
         s = scaling.amdahl_speedup(ts, tc, n_workers)
         ceil = scaling.amdahl_ceiling(ts, tc)
+        g = scaling.gustafson_speedup(scaling.serial_fraction(ts, tc), n_workers)
         text = readout({
             "n": ("N workers", f"{n_workers}"),
-            "speedup": ("Amdahl speedup S(N)", f"{s:.2f}x"),
+            "speedup": ("Amdahl S(N), the work fixed (strong)", f"{s:.2f}x"),
             "efficiency": ("efficiency S(N)/N", f"{s / n_workers:.1%}"),
             "ceiling": ("ceiling 1 + Tc/Ts", "unbounded" if ceil == float("inf") else f"{ceil:.2f}x"),
-            "gustafson": ("Gustafson scaled speedup",
-                          f"{scaling.gustafson_speedup(scaling.serial_fraction(ts, tc), n_workers):.1f}x"),
+            "gustafson": ("Gustafson N - s(N-1), per-GPU batch fixed (weak)", f"{g:.1f}x"),
+            "gustafson_eff": ("Gustafson efficiency", f"{g / n_workers:.1%}"),
         })
-        return text, charts.amdahl_chart(ts, tc, n_max=max(n_workers, 1024), n_mark=n_workers)
+        return text, charts.amdahl_chart(ts, tc, n_max=max(n_workers, 1024), n_mark=n_workers,
+                                         source="sliders" if source else "")
 
-    return explorer(controls, compute, "Amdahl / Gustafson explorer")
+    return explorer(controls, compute, "Amdahl / Gustafson explorer" + (f" (starts from {source})" if source else ""))
 
 
 def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus: int) -> W.VBox:
@@ -52,10 +55,11 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
     from dataclasses import replace
 
     from preflight.models import memory as M
+    from preflight.models.states import STAGES
 
     style, layout = {"description_width": "170px"}, W.Layout(width="520px")
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64)
-           if t <= max(gpus_per_node, plan.tp) and plan.heads % t == 0 and gpus % t == 0]
+           if t <= max(gpus_per_node, plan.tp) and plan.kv % t == 0 and gpus % t == 0]
     pps = [p for p in range(1, min(plan.layers, 128) + 1) if plan.layers % p == 0 and gpus % p == 0]
     mbs = sorted({1, 2, 4, 8, 16, 32, 64, plan.micro_batch_size})
     controls = {
@@ -63,7 +67,8 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
                                 description="tensor parallel tp", style=style, layout=layout),
         "pp": W.SelectionSlider(options=sorted(set(pps) | {plan.pp}), value=plan.pp,
                                 description="pipeline stages pp", style=style, layout=layout),
-        "zero": W.IntSlider(value=plan.zero_stage, min=0, max=3, description="ZeRO stage", style=style, layout=layout),
+        "zero": W.IntSlider(value=plan.zero_stage, min=min(STAGES[plan.framework]), max=max(STAGES[plan.framework]),
+                            description="ZeRO stage", style=style, layout=layout),
         "recompute": W.ToggleButtons(options=["none", "selective", "full"], value=plan.recompute,
                                      description="recompute", style=style),
         "mbs": W.SelectionSlider(options=mbs, value=plan.micro_batch_size, description="micro-batch size",

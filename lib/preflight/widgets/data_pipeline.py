@@ -61,6 +61,7 @@ def supply_explorer(supply: float, consume: float, measured_idle: float | None =
         df = pd.DataFrame([{"supply / consumption": r, "device idle": M.idle_share(r, 1.0), "curve": "idle share"}
                            for r in ratios])
         return text, charts.curves(df, "supply / consumption", "device idle", "curve", mark_x=h, log_y=False,
-                                   title="Device idle share vs headroom (rule: 1.2x)", y_format="%", x_format="~g")
+                                   title=f"Device idle share vs headroom (red: the {M.HEADROOM_RULE:g}x rule; grey: "
+                                         "the sliders)", y_format="%", x_format="~g", rule_x=M.HEADROOM_RULE)
 
     return explorer(controls, compute, "Supply vs consumption explorer")

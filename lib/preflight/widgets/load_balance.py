@@ -7,17 +7,34 @@ from preflight import charts
 from preflight.widgets.core import explorer, readout
 
 
+def interleaved_settings(p: int, m: int, v: int) -> tuple[int, int, str]:
+    """``(m, v, why)`` the interleaved schedule can run for the sliders' p, m, v, and a sentence saying
+    what was changed and why ("" when nothing was). Interleaving needs v >= 2 model chunks per GPU (one
+    chunk is plain 1F1B) and, in Megatron-LM's schedule, m a multiple of p (micro-batches advance in
+    groups of p): m goes up to the next multiple, never down. The explorer shows the sentence instead
+    of changing the learner's values silently."""
+    m_used, v_used = p * -(-m // p), max(2, v)
+    changes = []
+    if v_used != v:
+        changes.append(f"v={v_used} chunks, not {v} (one chunk per GPU is plain 1F1B)")
+    if m_used != m:
+        changes.append(f"m={m_used}, not {m} (Megatron's interleaved schedule needs m a multiple of p={p})")
+    return m_used, v_used, ("simulated with " + " and ".join(changes)) if changes else ""
+
+
 def bubble_explorer(p: int, m: int, schedule: str, v: int = 1) -> W.VBox:
     """Sliders: stages p, micro-batches m, schedule, chunks v, one slow stage -> bubble share of total
     time (p-1)/(v m + p-1), bubble over ideal (p-1)/(v m), the popular (wrong) (p-1)/(m p), the share
-    simulated from the schedule, activation memory of the first stage; the Gantt chart redrawn."""
+    simulated from the schedule, activation memory of the first stage; the Gantt chart redrawn.
+    ``zb-h1``: the zero-bubble schedule (``preflight.models.zerobubble``, t_F = t_B = t_W)."""
     from preflight.models import pipeline as P
+    from preflight.models import zerobubble as Z
 
     style, layout = {"description_width": "170px"}, W.Layout(width="520px")
     controls = {
         "p": W.IntSlider(value=max(1, p), min=1, max=16, description="stages p", style=style, layout=layout),
         "m": W.IntSlider(value=max(1, m), min=1, max=64, description="micro-batches m", style=style, layout=layout),
-        "schedule": W.Dropdown(options=["gpipe", "1f1b", "interleaved"], value=schedule, description="schedule",
+        "schedule": W.Dropdown(options=["gpipe", "1f1b", "interleaved", Z.SCHEDULE], value=schedule, description="schedule",
                                style=style, layout=layout),
         "v": W.IntSlider(value=max(1, v), min=1, max=4, description="chunks v (interleaved)", style=style,
                          layout=layout),
@@ -26,24 +43,35 @@ def bubble_explorer(p: int, m: int, schedule: str, v: int = 1) -> W.VBox:
     }
 
     def compute(p, m, schedule, v, slow):
-        v = max(2, v) if schedule == "interleaved" else 1      # interleaving means v >= 2 chunks
-        if schedule == "interleaved" and m % p:          # Megatron's interleaved schedule needs it
-            m = p * -(-m // p)
-        note = {"m_used": ("simulated (interleaved: m a multiple of p, v >= 2)", f"m={m}, v={v}")} \
-            if schedule == "interleaved" else {}
+        why = ""
+        if schedule == "interleaved":
+            m, v, why = interleaved_settings(p, m, v)
+        elif v > 1:
+            why, v = f"chunks v={v} ignored: only the interleaved schedule splits a GPU's layers into chunks", 1
+        note = {"adjusted": ("adjusted", why)} if why else {}
         scale = [1.0] * (p - 1) + [slow]
-        tl = P.schedule_timeline(p, m, schedule, v=v, stage_scale=scale)
+        zb = schedule == Z.SCHEDULE
+        tl = Z.zb_h1_timeline(p, m, stage_scale=scale) if zb else P.schedule_timeline(p, m, schedule, v=v,
+                                                                                       stage_scale=scale)
+        held = Z.activation_memory_microbatches(p, m) if zb else P.activation_memory_microbatches(p, m, schedule, 0, v=v)
         text = readout({
-            "bubble": ("bubble share of total time (p-1)/(v m + p-1)", f"{P.bubble_fraction(p, m, v):.1%}"),
-            "over_ideal": ("bubble over ideal time (p-1)/(v m)", f"{P.bubble_over_ideal(p, m, v):.1%}"),
+            **({"zero_bubble": ("ZB-H1 bubble share, equal stages (p-1)/(3m + p-1) when m >= p",
+                                f"{Z.bubble_equal_times(p, m):.1%}")} if zb else {}),
+            "bubble": ("bubble share of total time (p-1)/(v m + p-1)" + (" (1F1B)" if zb else ""),
+                       f"{P.bubble_fraction(p, m, v):.1%}"),
+            "over_ideal": ("bubble over ideal time (p-1)/(v m)" + (" (1F1B)" if zb else ""),
+                           f"{P.bubble_over_ideal(p, m, v):.1%}"),
             "wrong": ("popular estimate (p-1)/(m p): wrong", f"{P.wrong_bubble(p, m):.1%}"),
             "simulated": ("idle share of this schedule (simulated, with the slow stage)",
                           f"{P.timeline_bubble(tl):.1%}"),
-            "activations": ("micro-batches held by stage 0 (activation memory)",
-                            f"{P.activation_memory_microbatches(p, m, schedule, 0, v=v):.3g}"),
+            # interleaved chunks hold 1/v of a micro-batch's layers each: count chunks, never half micro-batches
+            "activations": (("chunk activations held by stage 0 (each 1/v of the stage's layers)",
+                             f"{held * v:.0f} (memory {held / min(p, m):.2f}x 1F1B's)") if v > 1 else
+                            ("micro-batches held by stage 0 (activation memory)", f"{held:.0f}")),
             **note,
         })
-        return text, charts.gantt(tl, title=f"{schedule}, p={p}, m={m}" + (f", v={v}" if v > 1 else ""))
+        return text, charts.gantt(tl, title=f"{schedule}, p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+                                  + (" (adjusted: see above)" if why else ""))
 
     return explorer(controls, compute, "Pipeline bubble explorer")
 
