@@ -72,7 +72,7 @@ def test_chapter_takes_a_fitting_record_and_names_it(tmp_path, capsys):
     save_record(rec(device=dict(CPU)), results)
     ch = start("baseline", REPO / "data" / "profiles" / "example.yaml", plan_only=True, results_dir=str(results),
                out_dir=str(tmp_path / "out"))
-    ch._device = type("D", (), {"as_dict": lambda self: CPU, "label": CPU["label"]})()
+    ch._device = type("D", (), {"as_dict": lambda self: CPU, "label": CPU["label"], "is_gpu": False})()
     ch.profile = ch.profile.model_copy(update={"cluster": ch.profile.cluster.model_copy(update={"gpu": "auto"})})
     m = ch.measurement(M, run=lambda: pytest.fail("must not measure"))
     assert m.origin == "recorded" and "demo.json" in m.source and m.results == {"a": 1, "b": {"c": 2}}
@@ -90,7 +90,7 @@ def test_chapter_refuses_a_misfit_says_why_then_measures_or_skips(tmp_path, caps
     assert ch.measurements[-1]["origin"] == "not measured" and ch.measurements[-1]["refused"]
 
     ch.measure = True
-    ch._device = type("D", (), {"as_dict": lambda self: CPU, "label": CPU["label"]})()
+    ch._device = type("D", (), {"as_dict": lambda self: CPU, "label": CPU["label"], "is_gpu": False})()
     m = ch.measurement(M, run=lambda: {"a": 3, "b": {"c": 4}})
     assert m.origin == "live" and m.results["a"] == 3 and "measuring live" in capsys.readouterr().out
 
