@@ -124,6 +124,19 @@ def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float,
     return nn.Sequential(*mods).to(device)
 
 
+def average_gradients(params, flat, world: int) -> None:
+    """The no-overlap reference: every gradient into one kept buffer (``flat``, as DDP's buckets), one
+    all-reduce after backward, divided by the world size, copied back. Nothing to overlap with."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cat([p.grad.reshape(-1) for p in params], out=flat)
+    dist.all_reduce(flat)
+    flat.div_(world)
+    for p, avg in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(avg.view_as(p))
+
+
 def _runner(config, mode, setup, device, rank, world, trace: dict | None = None):
     """A fresh model trained under ``config``: (step, k micro-batches per step, finish). ``step()`` is one
     update; ``finish()`` -> (eval loss, updates, PowerSGD measured compression ratio or None). With
@@ -189,11 +202,7 @@ def _runner(config, mode, setup, device, rank, world, trace: dict | None = None)
             with net.no_sync() if j < k - 1 else contextlib.nullcontext():
                 torch.nn.functional.mse_loss(net(x), y).backward()
         if config == "manual_allreduce":          # after backward, all at once: nothing to overlap with
-            torch.cat([p.grad.view(-1) for p in params], out=flat)   # a kept buffer, as DDP's buckets
-            dist.all_reduce(flat)
-            flat.div_(world)
-            for p, avg in zip(params, flat.split([p.numel() for p in params])):
-                p.grad.copy_(avg.view_as(p))
+            average_gradients(params, flat, world)
         opt.step()
         seen["updates"] += 1
 

@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from preflight.bench import exit_worker
+from preflight.bench.overlap import average_gradients
 from preflight.records import Method
 
 METHOD = Method("workload_overlap", 1, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
@@ -50,7 +51,6 @@ def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: 
     """A fresh copy of the model trained under ``config``: (step, k, finish, buckets). ``buckets``
     fills with the bucket sizes (bytes) DDP all-reduced on the most recent step."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -93,11 +93,7 @@ def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: 
                 with net.no_sync() if j < k - 1 else contextlib.nullcontext():
                     wl.step_loss(x, y, net).backward()
             if config == "manual_allreduce":
-                torch.cat([p.grad.reshape(-1) for p in params], out=flat)
-                dist.all_reduce(flat)
-                flat.div_(world)
-                for p, avg in zip(params, flat.split([p.numel() for p in params])):
-                    p.grad.copy_(avg.view_as(p))
+                average_gradients(params, flat, world)      # the reference bench's, one home
             opt.step()
             seen["updates"] += 1
         finally:
