@@ -42,16 +42,19 @@ def test_one_rank_sees_the_file_at_a_check_and_only_then(tmp_path):
     stop = tmp_path / "STOP"
     p = StopPoller(stop, rank=0, world=1, max_delay_s=1.0)
     assert p.should_stop(1) is False and p.checks == 1          # the first check, after step 1
-    step, seen = 1, None
+    step, seen, scheduled = 1, None, None
     for step in range(2, 400):
         time.sleep(0.002)
         if step == 50:
             stop.touch()
+        scheduled = p.next_check                 # the check every rank knows in advance
         if p.should_stop(step):
             seen = step
             break
         assert step < 50 or p.next_check > step, "a check would have seen the file"
-    assert seen is not None and 50 <= seen < 50 + max(p.k, 1) + 1
+    # the mechanism, not the timing (k adapts to the measured step time, which load changes):
+    # the file is seen at the first scheduled check at or after step 50, and at no other step
+    assert seen is not None and 50 <= seen == scheduled
     assert p.checks < seen                                       # not every step
     assert StopPoller(stop, 0, 1).should_stop(1, requested=True)
     assert not StopPoller(tmp_path / "none", 0, 1).should_stop(1)
