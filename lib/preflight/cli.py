@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--quick", action="store_true", help="smallest measurement sizes (smoke test)")
     a.add_argument("--playbook", help=argparse.SUPPRESS)  # tests: another notebook folder
 
+    k = sub.add_parser("check", help="plan-only findings and verdicts in the terminal, in seconds (a CI gate)")
+    k.add_argument("profile", help="project profile (YAML)")
+    k.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
+    k.add_argument("--json", action="store_true", help="print the findings as JSON (chapter, id, value, verdict...)")
+    k.add_argument("--all", action="store_true", help="also list the findings recorded for reference (info)")
+
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
     v.add_argument("profile")
 
@@ -134,6 +140,26 @@ def cmd_audit(args) -> int:
         print(f"  chapter {c['number']} {c['name']:<18} {c['status']:<6} {c['verdict']:<6} {c['elapsed_s']:>6.1f} s")
     print(f"report: {(out / 'index.html').resolve()}")
     return audit.exit_code(summary, args.fail_on)
+
+
+def cmd_check(args) -> int:
+    import json
+
+    from preflight import check
+    from preflight.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as err:
+        _die(str(err))
+    findings = check.plan_findings(profile, Path(args.profile).resolve())
+    if args.json:
+        rows = [f | {"chapter": n} for n, fs in findings.items() for f in fs]
+        print(json.dumps({"project": profile.project, "fail_on": args.fail_on,
+                          "exit_code": check.gate(findings, args.fail_on), "findings": rows}, indent=1))
+    else:
+        print(check.text_report(profile, findings, show_info=args.all), end="")
+    return check.gate(findings, args.fail_on)
 
 
 def cmd_validate(args) -> int:
@@ -228,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = args._commands[args.command]
         sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
     try:
-        return {"audit": cmd_audit, "validate": cmd_validate, "chips": cmd_chips, "shards": cmd_shards,
+        return {"audit": cmd_audit, "check": cmd_check, "validate": cmd_validate, "chips": cmd_chips, "shards": cmd_shards,
                 "compare": cmd_compare}[args.command](args)
     except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
