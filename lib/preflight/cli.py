@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("old", metavar="OLD_DIR", help="the earlier audit folder (holds findings.json)")
     c.add_argument("new", metavar="NEW_DIR", help="the later audit folder")
     c.add_argument("--out", metavar="DIR", help="where to write compare.html (default NEW_DIR)")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 when a verdict worsens or a measured value moves the wrong way beyond its noise")
     return p
 
 
@@ -311,6 +313,11 @@ def cmd_compare(args) -> int:
     print(compare.text_report(old, new, str(compare.audit_folder(args.old)), str(compare.audit_folder(args.new))),
           end="")
     print(f"compare: {page.resolve()}")
+    if args.fail_on_regression:
+        found = compare.regressions(old, new)
+        for fid_, why in found:
+            print(f"regression: {fid_}: {why}")
+        return 1 if found else 0
     return 0
 
 
