@@ -161,3 +161,35 @@ def test_typos_get_a_suggestion(tmp_path, args, hint):
 def test_no_suggestion_when_nothing_is_close():
     r = run_cli("xyzzy")
     assert r.returncode == 2 and "invalid choice" in r.stderr and "did you mean" not in r.stderr
+
+
+def _summary(*findings):
+    return {"findings": [{"id": i, "value": v, "unit": "fraction", "verdict": verdict, "source": src,
+                          "threshold": "pass >= 40%, fail < 30%", "noise": noise}
+                         for i, v, verdict, src, noise in findings]}
+
+
+def test_regressions_verdicts_and_noise_from_the_repeats():
+    m = "measured on NVIDIA H100"
+    old = _summary(("baseline/mfu", 0.45, "pass", m, 0.04), ("baseline/x", 0.45, "pass", m, None),
+                   ("baseline/y", 0.50, "pass", "computed from profile", None),
+                   ("baseline/z", 0.45, "pass", m, 0.02))
+    # mfu -3 % (inside its 4 % noise): not a regression; x -10 % without recorded noise: verdict only;
+    # y pass -> fail: a regression whatever its source; z -5 % beyond its noise (2 %, 3 % new): regression
+    new = _summary(("baseline/mfu", 0.4365, "pass", m, 0.03), ("baseline/x", 0.405, "pass", m, None),
+                   ("baseline/y", 0.20, "fail", "computed from profile", None),
+                   ("baseline/z", 0.4275, "pass", m, 0.03))
+    found = dict(compare.regressions(old, new))
+    assert set(found) == {"baseline/y", "baseline/z"}
+    assert "pass -> fail" in found["baseline/y"] and "noise of 3.0%" in found["baseline/z"]
+    assert compare.regressions(new, new) == []
+    better = _summary(("baseline/z", 0.60, "pass", m, 0.01))     # the right way: never a regression
+    assert compare.regressions(_summary(("baseline/z", 0.45, "pass", m, 0.01)), better) == []
+
+
+def test_fail_on_regression_exit_codes(audits, tmp_path):
+    old, new = audits
+    r = run_cli("compare", old, new, "--out", tmp_path / "a", "--fail-on-regression")
+    assert r.returncode == 0, r.stdout + r.stderr           # memory fail -> pass: better, nothing worse
+    r = run_cli("compare", new, old, "--out", tmp_path / "b", "--fail-on-regression")
+    assert r.returncode == 1 and "regression: baseline/memory_fits: verdict pass -> fail" in r.stdout

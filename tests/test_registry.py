@@ -171,6 +171,20 @@ def test_plan_only_audit_ids_start_with_their_chapters_prefix(plan):
     assert all(f"pitfall: {c.pitfall}" in index for c in R.CHAPTERS)
 
 
+def test_check_prints_the_plan_only_audits_findings(plan):
+    """``preflight check`` calls the chapters' plan functions directly: the same (chapter, id, verdict,
+    value) as the notebooks of a plan-only audit emit, every finding that is not "not measured"."""
+    from preflight import check
+    from preflight.profile import load_profile
+
+    s = json.loads((plan / "findings.json").read_text())
+    audited = {(f["chapter"], f["id"]): (f["verdict"], f["value"]) for f in s["findings"]
+               if f["source"] != "not measured"}
+    checked = {(n, f["id"]): (f["verdict"], f["value"])
+               for n, fs in check.plan_findings(load_profile(EXAMPLE), EXAMPLE).items() for f in fs}
+    assert checked == audited
+
+
 def test_compare_matches_every_old_id(plan, tmp_path):
     """An audit written with the old prefixes (data/, comm/, balance/, resilience/) against today's:
     every old finding has its partner, nothing is only in OLD."""

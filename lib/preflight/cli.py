@@ -56,6 +56,20 @@ def _timeout(text: str) -> int:
     return v
 
 
+def _ranged(name: str, kind, low, high, what: str):
+    """An argparse type: ``kind`` (int or float) within [low, high], else the option, value and range named."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} = {text!r}: expected a {'whole ' * (kind is int)}number, "
+                                             f"{low:,} to {high:,} {what}") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{name} = {text}: accepted range is {low:,} to {high:,} {what}")
+        return v
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="preflight", description="Preflight: audit a training project for the five "
                                               "pitfalls of scaling on HPC clusters.")
@@ -74,6 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--quick", action="store_true", help="smallest measurement sizes (smoke test)")
     a.add_argument("--playbook", help=argparse.SUPPRESS)  # tests: another notebook folder
 
+    k = sub.add_parser("check", help="plan-only findings and verdicts in the terminal, in seconds (a CI gate)")
+    k.add_argument("profile", help="project profile (YAML)")
+    k.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
+    k.add_argument("--json", action="store_true", help="print the findings as JSON (chapter, id, value, verdict...)")
+    k.add_argument("--all", action="store_true", help="also list the findings recorded for reference (info)")
+
+    d = sub.add_parser("advise", help="rank the parallel layouts that fit by predicted tokens/s per GPU")
+    d.add_argument("profile", help="project profile (YAML)")
+    d.add_argument("--top", type=_ranged("--top", int, 1, 1000, "layouts"), default=10,
+                   help="how many fitting layouts to list (1-1000, default 10)")
+    d.add_argument("--json", action="store_true", help="print the ranked layouts as JSON, best first")
+    d.add_argument("--write-profile", metavar="OUT.yaml", help="write the profile with the top layout as its plan")
+    d.add_argument("--global-batch", type=_ranged("--global-batch", int, 1, 10_000_000, "sequences"),
+                   help="sequences per optimizer step (1-10,000,000; default: the profile's mbs x m x dp)")
+    d.add_argument("--efficiency", type=_ranged("--efficiency", float, 0.01, 1.0, "of peak"),
+                   help="share of the dense peak the kernels reach, e.g. chapter 1's measured MFU (0.01-1; "
+                        "default 0.60)")
+
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
     v.add_argument("profile")
 
@@ -90,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("old", metavar="OLD_DIR", help="the earlier audit folder (holds findings.json)")
     c.add_argument("new", metavar="NEW_DIR", help="the later audit folder")
     c.add_argument("--out", metavar="DIR", help="where to write compare.html (default NEW_DIR)")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 when a verdict worsens or a measured value moves the wrong way beyond its noise")
     return p
 
 
@@ -134,6 +168,67 @@ def cmd_audit(args) -> int:
         print(f"  chapter {c['number']} {c['name']:<18} {c['status']:<6} {c['verdict']:<6} {c['elapsed_s']:>6.1f} s")
     print(f"report: {(out / 'index.html').resolve()}")
     return audit.exit_code(summary, args.fail_on)
+
+
+def cmd_check(args) -> int:
+    import json
+
+    from preflight import check
+    from preflight.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as err:
+        _die(str(err))
+    findings = check.plan_findings(profile, Path(args.profile).resolve())
+    if args.json:
+        rows = [f | {"chapter": n} for n, fs in findings.items() for f in fs]
+        print(json.dumps({"project": profile.project, "fail_on": args.fail_on,
+                          "exit_code": check.gate(findings, args.fail_on), "findings": rows}, indent=1))
+    else:
+        print(check.text_report(profile, findings, show_info=args.all), end="")
+    return check.gate(findings, args.fail_on)
+
+
+def cmd_advise(args) -> int:
+    import json
+
+    from preflight import advisor
+    from preflight.chapters.memory_plan import capacity_bytes
+    from preflight.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as err:
+        _die(str(err))
+    out = Path(args.write_profile) if args.write_profile else None
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):
+        _die(f"--write-profile = {args.write_profile!r}: " + ("is a folder" if out.is_dir() else
+                                                             "its folder does not exist"))
+    gpu_key, capacity = None, None
+    if profile.cluster.gpu == "auto":         # this machine's GPU: probed (imports torch)
+        from preflight.device import probe
+
+        device = probe()
+        gpu_key, capacity = device.table_key, capacity_bytes(profile, device)[0]
+    try:
+        result = advisor.advise(profile, batch=args.global_batch, efficiency=args.efficiency, gpu_key=gpu_key,
+                                capacity=capacity)
+    except ValueError as err:
+        _die(str(err))
+    if args.json:
+        shown = [c for c in result["candidates"] if c["fits"]][:args.top] or result["candidates"][:1]
+        print(json.dumps(shown, indent=1))
+    else:
+        print(advisor.text_report(profile, result, args.top), end="")
+    if result["no_fit"]:
+        if out is not None:
+            print(f"error: --write-profile: no layout fits, {out} not written", file=sys.stderr)
+        return 1
+    if out is not None:
+        advisor.write_profile(profile, result["candidates"][0], out)
+        print(f"profile: {out.resolve()} (the top layout; `python -m preflight check {out}` judges it)")
+    return 0
 
 
 def cmd_validate(args) -> int:
@@ -218,6 +313,11 @@ def cmd_compare(args) -> int:
     print(compare.text_report(old, new, str(compare.audit_folder(args.old)), str(compare.audit_folder(args.new))),
           end="")
     print(f"compare: {page.resolve()}")
+    if args.fail_on_regression:
+        found = compare.regressions(old, new)
+        for fid_, why in found:
+            print(f"regression: {fid_}: {why}")
+        return 1 if found else 0
     return 0
 
 
@@ -228,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = args._commands[args.command]
         sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
     try:
-        return {"audit": cmd_audit, "validate": cmd_validate, "chips": cmd_chips, "shards": cmd_shards,
+        return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "validate": cmd_validate, "chips": cmd_chips,
+                "shards": cmd_shards,
                 "compare": cmd_compare}[args.command](args)
     except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -109,6 +109,42 @@ def warnings(old: dict, new: dict) -> list[str]:
     return out
 
 
+UNMEASURED = ("computed from profile", "not measured", "audit")
+
+
+def _measured(f: dict) -> bool:
+    return not any(f["source"].startswith(x) for x in UNMEASURED)
+
+
+def regressions(old: dict, new: dict) -> list[tuple[str, str]]:
+    """(finding id, why) for each regression from OLD to NEW (``compare --fail-on-regression``):
+
+    * a verdict that got worse (pass -> warn, warn -> fail, ...), whatever the source;
+    * a measured value (both sides measured, a judged threshold giving its direction) that moved the
+      wrong way by more than its noise: ``|new - old| > noise x |old|``, with ``noise`` the larger of
+      the two findings' recorded spreads ((p90 - p10) / median of the repeats behind the value). A
+      value without a recorded spread is judged on its verdict only: no fixed percentage stands in.
+    """
+    from preflight.guidance import threshold_of
+
+    out = []
+    rows, _, _ = match(old, new)
+    for r in rows:
+        if r.mark == "worse":
+            out.append((r.id, f"verdict {r.old['verdict']} -> {r.new['verdict']}"))
+            continue
+        t = threshold_of(r.new) or threshold_of(r.old)
+        noises = [x for x in (r.old.get("noise"), r.new.get("noise")) if x is not None]
+        if r.delta is None or t is None or not noises or not (_measured(r.old) and _measured(r.new)):
+            continue
+        worse = r.delta < 0 if t.higher_is_better else r.delta > 0
+        noise = max(noises)
+        if worse and abs(r.delta) > noise * abs(r.old["value"]):
+            out.append((r.id, f"{fmt_value(r.old['value'], r.unit)} -> {fmt_value(r.new['value'], r.unit)} "
+                              f"({fmt_rel(r.relative)}), beyond its noise of {noise:.1%} (p10-p90 of the repeats)"))
+    return out
+
+
 def counts(rows: list[Row]) -> dict[str, int]:
     return {m: sum(r.mark == m for r in rows) for m in MARKS}
 

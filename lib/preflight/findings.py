@@ -9,7 +9,10 @@ only that. Fields:
 - ``verdict``   pass | warn | fail | info (``error`` is set by the audit for a chapter that raised);
 - ``threshold`` what the value was judged against, in words (e.g. ">= 0.40 pass, < 0.25 fail");
 - ``message``   what it means, one sentence; ``fix`` what to do, one sentence;
-- ``source``    where the number comes from: ``measured on <device>`` or ``computed from profile``.
+- ``source``    where the number comes from: ``measured on <device>`` or ``computed from profile``;
+- ``noise``     optional, measured values only: the relative spread of the repeats the value was taken
+                from, ``(p90 - p10) / median`` (``preflight compare --fail-on-regression`` ignores a move
+                smaller than it).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class Finding:
     message: str
     fix: str
     source: str
+    noise: float | None = None
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):

@@ -186,7 +186,7 @@ def add_measured_findings(sink: FindingSink, base, fusion,
 def _throughput_finding(r: dict) -> dict:
     """The single-device throughput every scaling stage is compared to (recorded, not judged)."""
     th, cfg = r["throughput"], r["config"]
-    return dict(value=th["tokens_per_s"], verdict="info",
+    return dict(value=th["tokens_per_s"], verdict="info", noise=step_noise(r),
                 threshold="recorded for reference (the business layer of the profile)",
                 message=(f"Reference model ({r['params'] / 1e6:.1f} M params, batch {cfg['batch']} x "
                          f"{cfg['seq_len']} tokens, {cfg['dtype']}): {th['samples_per_s']:.3g} samples/s, "
@@ -209,6 +209,14 @@ def _peak_memory_finding(r: dict, record: dict | None) -> dict:
                 fix="Peak memory bounds the micro-batch and the parallel plan: measure it before choosing tp/pp.")
 
 
+def step_noise(r: dict) -> float | None:
+    """Relative spread of the measured step times, (p90 - p10) / median: the noise of throughput and MFU."""
+    th = r.get("throughput") or {}
+    if not th.get("step_time_s") or th.get("step_time_p10_s") is None or th.get("step_time_p90_s") is None:
+        return None
+    return (th["step_time_p90_s"] - th["step_time_p10_s"]) / th["step_time_s"]
+
+
 def _mfu_finding(r: dict, fix: str) -> dict:
     """Model FLOPs utilisation against the datasheet peak (and the measured matmul ceiling); not judged
     on the CPU fallback, whose peak is unknown."""
@@ -217,7 +225,7 @@ def _mfu_finding(r: dict, fix: str) -> dict:
     if r["device"] == "cpu":
         v, words = "info", CPU_NOT_JUDGED + words
     ceil = m["mfu_measured_ceiling"]
-    return dict(value=m["mfu_datasheet"], verdict=v, threshold=words,
+    return dict(value=m["mfu_datasheet"], verdict=v, threshold=words, noise=step_noise(r),
                 message=(f"{m['achieved_tflops']:.3g} TFLOP/s of model FLOPs; "
                          + (f"MFU {m['mfu_datasheet']:.1%} of the {m['datasheet_peak_tflops']:g} TFLOP/s "
                             f"datasheet peak" if m["mfu_datasheet"] is not None else m["peak_note"])
