@@ -328,6 +328,22 @@ def test_pack_rows_place_every_token_once(policy):
         assert all(len(rs) == -(-int(lengths[i]) // 1024) for i, rs in rows_of.items())   # ... or whole rows
 
 
+def test_split_packing_counts_equal_the_built_rows():
+    """packing(policy="split") counts rows, samples per batch and cut samples without building the rows;
+    the counts must equal those of pack_rows' rows (the reference), also with samples longer than a row."""
+    rng = np.random.default_rng(7)
+    for seq_len, batch, hi in [(5, 1, 4), (64, 3, 300), (1024, 16, 5000), (1, 2, 3)]:
+        lengths = rng.integers(1, hi + 1, size=int(rng.integers(1, 400)))
+        rows = P.pack_rows(lengths, seq_len, policy="split", seed=3)
+        per_batch = [len({i for row in rows[k:k + batch] for i, _ in row}) for k in range(0, len(rows), batch)]
+        pieces = np.bincount([i for row in rows for i, _ in row], minlength=lengths.size)
+        got = P.packing(lengths, seq_len, batch, policy="split", seed=3)
+        assert got["rows"] == len(rows)
+        assert (got["samples_per_batch_min"], got["samples_per_batch_max"]) == (min(per_batch), max(per_batch))
+        assert got["samples_per_batch_mean"] == pytest.approx(np.mean(per_batch))
+        assert got["split_samples"] == int((pieces > 1).sum())
+
+
 def test_packing_hand_computed():
     three = [3, 3, 3]                                                 # 9 tokens, rows of 5
     split = P.packing(three, 5, batch=1, policy="split")

@@ -8,7 +8,7 @@ import ipywidgets as W
 import pytest
 
 from conftest import EXAMPLE
-from preflight import widgets
+from preflight import charts, widgets
 from preflight.chapters import memory_plan as MP
 from preflight.profile import load_profile
 
@@ -30,8 +30,11 @@ def _explorers():
 
 
 def _ends(c):
-    if isinstance(c, (W.SelectionSlider, W.Dropdown, W.ToggleButtons)):
-        return list(c._options_values)          # the values behind (label, value) options
+    if isinstance(c, W.SelectionSlider):        # a range of stops: its two ends and its middle
+        v = list(c._options_values)
+        return [v[0], v[len(v) // 2], v[-1]]
+    if isinstance(c, (W.Dropdown, W.ToggleButtons)):
+        return list(c._options_values)          # a choice: each of its values
     if isinstance(c, W.Checkbox):
         return [False, True]
     if isinstance(c, W.FloatLogSlider):
@@ -46,6 +49,17 @@ def _check(box, name, state):
     text = box.children[2].value
     assert not BAD.search(re.sub(r"<[^>]+>", " ", text)), (name, state, text[:300])
     assert box.children[3].value.startswith("<svg"), (name, state)
+
+
+@pytest.mark.parametrize("name", ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory"])
+def test_chart_specs_pass_the_vega_lite_schema(name, monkeypatch):
+    """Redraws skip altair's schema check (charts.VALIDATE, for speed); here every explorer's chart is
+    built once with it, at the start and with every control at its far end."""
+    monkeypatch.setattr(charts, "VALIDATE", True)
+    box = _explorers()[name]()
+    for c in box.children[1].children:
+        c.value = _ends(c)[-1]
+    _check(box, name, "far ends")
 
 
 @pytest.mark.parametrize("name", ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory"])

@@ -19,6 +19,12 @@ def use_offline_renderer() -> None:
     alt.data_transformers.disable_max_rows()
 
 
+# Altair checks every spec against the Vega-Lite JSON schema: ~0.15 s a chart, a quarter of a slider's
+# redraw. The specs' structure is fixed by the functions below (only the data changes with a slider), so
+# the check runs in the tests (tests/test_slider_ranges.py switches it on), not at every redraw.
+VALIDATE = False
+
+
 def to_svg(chart: alt.TopLevelMixin) -> str:
     """SVG of ``chart``, whatever its row count (a large pipeline schedule has thousands of bars; the
     data is embedded in the SVG's source, not served), fitted by ``preflight.chartfit.fit_spec`` so no
@@ -26,7 +32,7 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
     import vl_convert as vlc
 
     with alt.data_transformers.disable_max_rows():
-        return vlc.vegalite_to_svg(fit_spec(chart.to_dict()))
+        return vlc.vegalite_to_svg(fit_spec(chart.to_dict(validate=VALIDATE)))
 
 
 def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None,

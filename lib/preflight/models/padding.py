@@ -272,15 +272,36 @@ def packing(lengths, seq_len: int, batch: int, policy: str = "split", seed: int 
     (samples cut across rows: the later piece loses the earlier as context)."""
     a = _as_lengths(lengths)
     _check_batch(batch)
-    rows = pack_rows(a, seq_len, policy=policy, seed=seed)
-    real, total = int(a.sum()), len(rows) * int(seq_len)
-    per_batch = [len({i for row in rows[k:k + batch] for i, _ in row}) for k in range(0, len(rows), batch)]
-    pieces = np.bincount([i for row in rows for i, _ in row], minlength=a.size)
+    if policy == "split":
+        n_rows, per_batch, split = _split_counts(a, int(seq_len), int(batch), seed)
+    else:
+        rows = pack_rows(a, seq_len, policy=policy, seed=seed)
+        n_rows, split = len(rows), 0
+        per_batch = [len({i for row in rows[k:k + batch] for i, _ in row}) for k in range(0, len(rows), batch)]
+    real, total = int(a.sum()), n_rows * int(seq_len)
     return {"strategy": PACKING[policy], "real_tokens": real, "padded_tokens": total - real,
-            "waste": (total - real) / total, "relative_cost": total / real, "rows": len(rows),
+            "waste": (total - real) / total, "relative_cost": total / real, "rows": n_rows,
             "samples_per_batch_min": min(per_batch), "samples_per_batch_mean": float(np.mean(per_batch)),
-            "samples_per_batch_max": max(per_batch),
-            "split_samples": int((pieces > 1).sum()) if policy == "split" else 0}
+            "samples_per_batch_max": max(per_batch), "split_samples": split}
+
+
+def _split_counts(a: np.ndarray, seq_len: int, batch: int, seed: int) -> tuple[int, np.ndarray, int]:
+    """``pack_rows(policy="split")``'s rows, samples per batch and cut samples without building the
+    rows: the shuffled samples laid end to end are token ranges ``[c[j-1], c[j])`` (``c`` the running
+    sum), a row is ``[r S, (r+1) S)``, a batch ``batch`` rows; a range crossing a row end is cut."""
+    if int(seq_len) != seq_len or seq_len < 1:
+        raise ValueError(f"seq_len must be an integer >= 1 (got {seq_len})")
+    order = np.random.default_rng(seed).permutation(a.size)      # the order pack_rows takes them in
+    ends = np.cumsum(a[order])
+    starts = ends - a[order]
+    total = int(ends[-1])
+    n_rows = -(-total // seq_len)
+    span = seq_len * batch
+    first = np.arange(0, total, span)                           # each batch's first and last token
+    last = np.minimum(first + span, total) - 1
+    per_batch = np.searchsorted(ends, last, side="right") - np.searchsorted(ends, first, side="right") + 1
+    split = int((starts // seq_len != (ends - 1) // seq_len).sum())
+    return n_rows, per_batch.tolist(), split
 
 
 COLUMNS = ["strategy", "real_tokens", "padded_tokens", "waste", "relative_cost"]
