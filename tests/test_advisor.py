@@ -137,3 +137,43 @@ def test_cli_bad_profile_and_output(tmp_path):
     assert r.returncode == 2 and "training.tp * training.pp" in r.stderr
     r = run_cli("advise", EXAMPLE, "--write-profile", tmp_path / "no" / "x.yaml")
     assert r.returncode == 2 and "folder does not exist" in r.stderr
+
+
+def _audit(tmp_path, mfu, machine=None, name="gpu-audit"):
+    """A findings.json as the audit writes it, reduced to what --mfu-from reads."""
+    d = tmp_path / name
+    d.mkdir()
+    machine = machine or {"kind": "cuda", "label": "NVIDIA H100 80GB HBM3", "table_key": "H100-SXM"}
+    (d / "findings.json").write_text(json.dumps({
+        "date": "2026-11-30T10:00:00+00:00", "machine": machine, "workload": None,
+        "findings": [{"id": "baseline/mfu", "value": mfu, "unit": "fraction", "verdict": "warn",
+                      "message": "not measured: plan-only mode (no live measurement)" if mfu is None else "MFU"}]}))
+    return d
+
+
+def test_mfu_from_an_audit_sets_the_efficiency_and_says_where_from(tmp_path):
+    d = _audit(tmp_path, 0.42)
+    value, source = advisor.measured_efficiency(d, load_profile(EXAMPLE))
+    assert value == 0.42 and "reference model on NVIDIA H100" in source and "planned for" not in source
+    a100 = _audit(tmp_path, 0.5, {"label": "NVIDIA A100", "table_key": "A100-SXM"}, "a100")
+    assert "measured on A100-SXM, planned for H100-SXM" in advisor.measured_efficiency(a100, load_profile(EXAMPLE))[1]
+    r = run_cli("advise", EXAMPLE, "--mfu-from", d / "findings.json", "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    top = json.loads(r.stdout)
+    assert all(c["mfu"] <= 0.42 + 1e-9 for c in top) and top[0]["mfu"] > 0.3   # at 42 % of peak, not 60 %
+    text = run_cli("advise", EXAMPLE, "--mfu-from", d).stdout
+    assert "efficiency 42% (chapter 1's measured MFU of the reference model on NVIDIA H100" in text
+
+
+@pytest.mark.parametrize("case, words", [
+    ("plan-only", "chapter 1's MFU was not measured there (not measured: plan-only mode"),
+    ("missing", "not an audit's findings.json"),
+    ("above 1", "outside the accepted 0.01-1"),
+    ("both flags", "not allowed with argument"),
+])
+def test_mfu_from_refuses_what_it_cannot_use(tmp_path, case, words):
+    path = {"plan-only": lambda: _audit(tmp_path, None), "missing": lambda: tmp_path / "nothing",
+            "above 1": lambda: _audit(tmp_path, 1.5), "both flags": lambda: _audit(tmp_path, 0.4)}[case]()
+    extra = ["--efficiency", "0.5"] if case == "both flags" else []
+    r = run_cli("advise", EXAMPLE, "--mfu-from", path, *extra)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -13,13 +13,15 @@ It searches with the chapters' own models, so it is only as good as they are:
 * **rank** them by predicted tokens/s per GPU (``preflight.models.throughput.step_time``: compute at
   the efficiency, bubble, exposed tp / pp / dp communication, recompute's extra forward), MFU with it.
 
-The efficiency is ``--efficiency`` if given (e.g. chapter 1's measured MFU of one GPU's step), else
-``throughput.DEFAULT_EFFICIENCY`` (stated in every output). When no layout fits, ``advise``
+The efficiency is ``--efficiency`` if given, or ``--mfu-from AUDIT`` (chapter 1's measured MFU in an
+audit's findings.json, the reference model's or the team's own workload's: ``measured_efficiency``),
+else ``throughput.DEFAULT_EFFICIENCY`` (the source is stated in every output). When no layout fits, ``advise``
 says by how much the closest one misses and what would close it (``no_fit``).
 """
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -104,8 +106,39 @@ def evaluate(profile: Profile, lay: T.Layout, capacity: float, cluster: T.Cluste
             "verdicts": {"baseline/memory_fits": mem_v, "load_balance/bubble_fraction": bub_v}}
 
 
+def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tuple[float, str]:
+    """Chapter 1's measured MFU (``baseline/mfu``) from an audit's findings.json (or its folder), with
+    where it comes from. ValueError, naming ``--mfu-from``, when there is none: a plan-only audit, a CPU
+    (no datasheet peak, so MFU is left empty), a finding outside 1-100 %. A GPU other than the profile's
+    is said in the source, not refused: the ratio often carries over between chips of one generation."""
+    path = Path(audit)
+    path = path / "findings.json" if path.is_dir() else path
+    try:
+        summary = json.loads(path.read_text())
+        found = {f["id"]: f for f in summary["findings"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--mfu-from = {str(audit)!r}: not an audit's findings.json ({type(err).__name__}: "
+                         f"{err})") from None
+    f = found.get("baseline/mfu")
+    if f is None or f.get("value") is None:
+        why = f["message"] if f else "no baseline/mfu finding (chapter 1 did not run)"
+        raise ValueError(f"--mfu-from = {str(audit)!r}: chapter 1's MFU was not measured there ({why}); "
+                         "run the audit with measurements on the GPU (or pass --efficiency)")
+    value = float(f["value"])
+    if not 0.01 <= value <= 1.0:
+        raise ValueError(f"--mfu-from = {str(audit)!r}: baseline/mfu = {value:g}, outside the accepted "
+                         "0.01-1 of the peak")
+    machine = summary.get("machine") or {}
+    on = machine.get("label") or machine.get("name") or "an unnamed device"
+    w = summary.get("workload")
+    what = f"workload {w['class']}" if isinstance(w, dict) and w.get("class") else "the reference model"
+    other = (profile is not None and machine.get("table_key") and profile.cluster.gpu not in ("auto", machine["table_key"]))
+    return value, (f"chapter 1's measured MFU of {what} on {on} ({path}, {str(summary.get('date', ''))[:10]})"
+                   + (f"; measured on {machine['table_key']}, planned for {profile.cluster.gpu}" if other else ""))
+
+
 def advise(profile: Profile, *, batch: int | None = None, efficiency: float | None = None,
-           gpu_key: str | None = None, capacity: float | None = None) -> dict:
+           gpu_key: str | None = None, capacity: float | None = None, efficiency_source: str | None = None) -> dict:
     """Every candidate layout, best first (fitting ones by tokens/s per GPU, then the rest by memory).
 
     Returns {"candidates", "fitting", "global_batch", "efficiency", "efficiency_source", "capacity",
@@ -118,7 +151,7 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
         capacity, _ = MP.capacity_bytes(profile)
     if capacity is None:
         raise ValueError("cluster.gpu = 'auto': name the GPU (or set cluster.gpu_memory_GB) to plan its memory")
-    source = "--efficiency" if efficiency is not None else (
+    source = efficiency_source or "--efficiency" if efficiency is not None else (
         f"default {T.DEFAULT_EFFICIENCY:.0%} of peak (models/throughput.py; measure yours: chapter 1's MFU)")
     efficiency = T.DEFAULT_EFFICIENCY if efficiency is None else efficiency
     cluster = _cluster(profile, gpu_key)

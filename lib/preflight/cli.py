@@ -102,9 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--write-profile", metavar="OUT.yaml", help="write the profile with the top layout as its plan")
     d.add_argument("--global-batch", type=_ranged("--global-batch", int, 1, 10_000_000, "sequences"),
                    help="sequences per optimizer step (1-10,000,000; default: the profile's mbs x m x dp)")
-    d.add_argument("--efficiency", type=_ranged("--efficiency", float, 0.01, 1.0, "of peak"),
-                   help="share of the dense peak the kernels reach, e.g. chapter 1's measured MFU (0.01-1; "
-                        "default 0.60)")
+    eff = d.add_mutually_exclusive_group()
+    eff.add_argument("--efficiency", type=_ranged("--efficiency", float, 0.01, 1.0, "of peak"),
+                     help="share of the dense peak the kernels reach, e.g. chapter 1's measured MFU (0.01-1; "
+                          "default 0.60)")
+    eff.add_argument("--mfu-from", metavar="AUDIT",
+                     help="take the efficiency from chapter 1's measured MFU in an audit (its folder or findings.json)")
 
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
     v.add_argument("profile")
@@ -212,8 +215,11 @@ def cmd_advise(args) -> int:
         device = probe()
         gpu_key, capacity = device.table_key, capacity_bytes(profile, device)[0]
     try:
-        result = advisor.advise(profile, batch=args.global_batch, efficiency=args.efficiency, gpu_key=gpu_key,
-                                capacity=capacity)
+        efficiency, source = args.efficiency, None
+        if args.mfu_from:
+            efficiency, source = advisor.measured_efficiency(args.mfu_from, profile)
+        result = advisor.advise(profile, batch=args.global_batch, efficiency=efficiency, gpu_key=gpu_key,
+                                capacity=capacity, efficiency_source=source)
     except ValueError as err:
         _die(str(err))
     if args.json:
