@@ -48,9 +48,9 @@ def test_compare_two_real_audits(audits):
     lines = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.strip()}
     fits = lines["baseline/memory_fits"].split()
     assert fits[-4:] == ["fail", "->", "pass", "improved"]
-    # the number: the per-GPU memory shrinks, shown absolute (GB) and relative
-    per_gpu = lines["baseline/memory_per_gpu"]
-    assert "GB" in per_gpu and "-" in per_gpu.split("GB")[2] and "%" in per_gpu
+    # the number: the per-GPU memory shrinks, shown absolute (GiB, as the report's memory plan) and relative
+    per_gpu = lines["baseline/memory_per_gpu"].split()
+    assert per_gpu[2::2][:3] == ["GiB"] * 3 and per_gpu[5].startswith("-") and per_gpu[7].endswith("%"), per_gpu
     assert lines["baseline/amdahl_max_speedup"].split()[-1] == "same"
     assert "only in OLD" in r.stdout and "data_pipeline/listing_s_at_profile" in lines
     assert "only in NEW" in r.stdout and "fault_tolerance/mtbf_h" in lines
@@ -193,3 +193,15 @@ def test_fail_on_regression_exit_codes(audits, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr           # memory fail -> pass: better, nothing worse
     r = run_cli("compare", new, old, "--out", tmp_path / "b", "--fail-on-regression")
     assert r.returncode == 1 and "regression: baseline/memory_fits: verdict pass -> fail" in r.stdout
+
+
+def test_memory_in_gib_as_the_report_writes_it():
+    """compare writes each value as the report does: memory in GiB (the memory plan's unit), other bytes
+    in GB, a ratio judged in percent as a percentage."""
+    mem = lambda v: {"id": "baseline/peak_memory", "value": v, "unit": "bytes", "verdict": "pass",  # noqa: E731
+                     "source": "measured", "threshold": "below the device memory"}
+    head = {"project": "p", "mode": "measure", "date": "2026-12-01", "chapters": []}
+    old, new = head | {"findings": [mem(40 * 2 ** 30)]}, head | {"findings": [mem(42 * 2 ** 30)]}
+    text = compare.text_report(old, new)
+    assert "40.0 GiB" in text and "42.0 GiB" in text and "+2.0 GiB" in text and " GB" not in text
+    assert compare.fmt_delta(2e9, "bytes") == "+2 GB"                 # other bytes: decimal GB

@@ -8,9 +8,11 @@ import ipywidgets as W
 import pytest
 
 from conftest import EXAMPLE
-from preflight import charts, widgets
+from preflight import advisor, charts, widgets
 from preflight.chapters import memory_plan as MP
 from preflight.profile import load_profile
+
+EXPLORERS = ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory", "layouts"]
 
 
 def _explorers():
@@ -26,6 +28,7 @@ def _explorers():
         "failure": lambda: widgets.failure_explorer(1e-4, 128, 30),
         "interval": lambda: widgets.interval_explorer(60, 300, 1875, 10800, walltime_h=48, segments=2000),
         "memory": lambda: widgets.memory_explorer(mem["plan"], mem["capacity"], 8, 1024),
+        "layouts": lambda: widgets.layout_explorer(prof, advisor.advise(prof)),
     }
 
 
@@ -51,7 +54,7 @@ def _check(box, name, state):
     assert box.children[3].value.startswith("<svg"), (name, state)
 
 
-@pytest.mark.parametrize("name", ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory"])
+@pytest.mark.parametrize("name", EXPLORERS)
 def test_chart_specs_pass_the_vega_lite_schema(name, monkeypatch):
     """Redraws skip altair's schema check (charts.VALIDATE, for speed); here every explorer's chart is
     built once with it, at the start and with every control at its far end."""
@@ -62,7 +65,7 @@ def test_chart_specs_pass_the_vega_lite_schema(name, monkeypatch):
     _check(box, name, "far ends")
 
 
-@pytest.mark.parametrize("name", ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory"])
+@pytest.mark.parametrize("name", EXPLORERS)
 def test_every_control_at_every_end(name):
     try:
         box = _explorers()[name]()

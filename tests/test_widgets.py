@@ -127,3 +127,50 @@ def test_bubble_explorer_says_what_it_adjusted_for_interleaving():
     assert "adjusted" in box.children[3].value
     box = bubble_explorer(4, 8, "1f1b", 1)
     assert "adjusted" not in _readout(box) and _readout(box)["activations"] == "4"
+
+
+def test_layout_explorer_reranks_with_the_advisors_model_and_filters():
+    """Chapter 1's layout advisor: it starts at advise()'s ranking; the efficiency slider re-times every
+    fitting layout with the same step model (advisor.at_efficiency); the limits filter that ranking."""
+    import html
+
+    from conftest import EXAMPLE
+    from preflight import advisor
+    from preflight.profile import load_profile
+    from preflight.widgets import layout_explorer
+
+    prof = load_profile(EXAMPLE)
+    result = advisor.advise(prof)
+    box = layout_explorer(prof, result)
+    eff, max_pp, zero3 = box.children[1].children
+    best = result["candidates"][0]
+    r = _readout(box)
+    assert r["best"] == advisor.label(best) and r["tokens"] == f"{best['tokens_per_s_per_gpu']:,.0f}"
+    assert r["count"] == str(result["fitting"])
+    assert html.unescape(r["own"]).startswith("does not fit its memory")        # the example's plan: 169 %
+    eff.value = 0.3
+    slow = advisor.at_efficiency(prof, result, 0.3)
+    assert _readout(box)["tokens"] == f"{slow[0]['tokens_per_s_per_gpu']:,.0f}"
+    assert slow[0]["tokens_per_s_per_gpu"] < best["tokens_per_s_per_gpu"]
+    assert slow[0]["memory_per_gpu_bytes"] == next(c for c in result["candidates"] if advisor.label(c) ==
+                                                   advisor.label(slow[0]))["memory_per_gpu_bytes"]
+    zero3.value = False
+    max_pp.value = 1
+    allowed = [c for c in slow if c["zero_stage"] < 3 and c["pp"] == 1]
+    r = _readout(box)
+    assert r["best"] == advisor.label(allowed[0]) and r["count"] == str(len(allowed))
+    assert "predicted tokens/s per GPU" in box.children[3].value
+
+
+def test_advisor_table_marks_the_profiles_plan():
+    from conftest import EXAMPLE
+    from preflight import advisor
+    from preflight.profile import load_profile
+
+    prof = load_profile(EXAMPLE)
+    cands = advisor.advise(prof)["candidates"]
+    t = advisor.table(prof, cands, top=3)
+    assert len(t) == 4 and list(t["rank"][:3]) == [1, 2, 3]
+    mine = t.iloc[3]
+    assert mine["layout"].endswith("(the profile's plan)") and "does not fit" in mine["memory per GPU"]
+    assert mine["rank"] == cands.index(advisor.own_plan(prof, cands)) + 1

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from preflight import hardware
@@ -91,19 +90,36 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
                       schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave)
 
 
+def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float) -> dict:
+    return T.step_time(lay, params=profile.model.params, layers=profile.model.layers, hidden=profile.model.hidden,
+                       seq_len=profile.model.seq_len, cluster=cluster, efficiency=efficiency,
+                       grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s).as_dict()
+
+
 def evaluate(profile: Profile, lay: T.Layout, capacity: float, cluster: T.Cluster, efficiency: float) -> dict:
     """One candidate: the layout, its memory and step time, and its verdicts (memory, bubble)."""
     mem = M.total_bytes(memory_plan(profile, lay))
-    st = T.step_time(lay, params=profile.model.params, layers=profile.model.layers, hidden=profile.model.hidden,
-                     seq_len=profile.model.seq_len, cluster=cluster, efficiency=efficiency,
-                     grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s)
     ratio = mem / capacity
     mem_v, _ = judge(ratio, warn=MP.FIT_WARN, fail=MP.FIT_FAIL, higher_is_better=False)
     bub = bubble_fraction(lay.pp, lay.microbatches, lay.interleave)
     bub_v, _ = judge(bub, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False)
-    return {**asdict(lay), "memory_per_gpu_bytes": mem, "memory_ratio": ratio, "fits": ratio <= MP.FIT_WARN,
-            **st.as_dict(), "bubble_fraction": bub,
+    return {**dict(lay.__dict__), "memory_per_gpu_bytes": mem, "memory_ratio": ratio, "fits": ratio <= MP.FIT_WARN,
+            **_step(profile, lay, cluster, efficiency), "bubble_fraction": bub,
             "verdicts": {"baseline/memory_fits": mem_v, "load_balance/bubble_fraction": bub_v}}
+
+
+def at_efficiency(profile: Profile, result: dict, efficiency: float, gpu_key: str | None = None) -> list[dict]:
+    """``result``'s fitting candidates (from :func:`advise`) re-timed and re-ranked at another efficiency:
+    memory does not depend on it, the ranking can (a faster kernel leaves less compute to hide the
+    communication behind). For the chapter's slider; the same step model as ``advise``."""
+    return sorted((retime(profile, c, efficiency, gpu_key) for c in result["candidates"] if c["fits"]),
+                  key=_rank_key)
+
+
+def retime(profile: Profile, c: dict, efficiency: float, gpu_key: str | None = None) -> dict:
+    """Candidate ``c`` with its step re-timed at ``efficiency`` (its memory and verdicts unchanged)."""
+    cluster = _cluster(profile, gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu))
+    return c | _step(profile, T.Layout(**{k: c[k] for k in T.Layout.__dataclass_fields__}), cluster, efficiency)
 
 
 def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tuple[float, str]:
@@ -223,12 +239,47 @@ def write_profile(profile: Profile, lay: dict, out: Path) -> Path:
     return out
 
 
+def label(c: dict) -> str:
+    """One layout in one line: ``tp=2 pp=1 dp=512 ZeRO-1 rc=selective sp mbs=1 m=1``."""
+    return (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero_stage']} rc={c['activation_recompute']}"
+            + (" sp" if c["sequence_parallel"] else "") + f" mbs={c['micro_batch_size']} m={c['microbatches']}"
+            + (f" v={c['interleave']}" if c["interleave"] > 1 else ""))
+
+
+def own_plan(profile: Profile, candidates: list[dict]) -> dict | None:
+    """The candidate that is the profile's own plan (None if the enumeration does not hold it)."""
+    t = profile.training
+    mine = (t.tp, t.pp, t.zero_stage, t.activation_recompute, t.sequence_parallel, t.micro_batch_size,
+            t.interleave if t.pipeline_schedule == "interleaved" else 1)
+    return next((x for x in candidates if (x["tp"], x["pp"], x["zero_stage"], x["activation_recompute"],
+                                           x["sequence_parallel"], x["micro_batch_size"], x["interleave"]) == mine), None)
+
+
+def table(profile: Profile, candidates: list[dict], top: int = 5):
+    """The ``top`` layouts, best first, and the profile's own plan (marked) with their deciding numbers,
+    as a DataFrame: rank, layout, memory per GPU (and share of the GPU), bubble, exposed communication,
+    step, tokens/s per GPU, MFU."""
+    import pandas as pd
+
+    from preflight.numfmt import gib
+
+    mine = own_plan(profile, candidates)
+    shown = candidates[:top] + ([mine] if mine is not None and mine not in candidates[:top] else [])
+    return pd.DataFrame([{
+        "rank": candidates.index(c) + 1 if c in candidates else None,
+        "layout": label(c) + ("  (the profile's plan)" if c is mine else ""),
+        "memory per GPU": f"{gib(c['memory_per_gpu_bytes'])} ({c['memory_ratio']:.0%})" + ("" if c["fits"] else ", does not fit"),
+        "bubble": f"{c['bubble_fraction']:.1%}",
+        "exposed comm (s)": f"{c['tp_comm_s'] + c['pp_comm_s'] + c['dp_exposed_s']:.3g}",
+        "step (s)": f"{c['step_s']:.3g}",
+        "tokens/s per GPU": f"{c['tokens_per_s_per_gpu']:,.0f}",
+        "MFU": f"{c['mfu']:.1%}"} for c in shown])
+
+
 def _row(c: dict) -> str:
     from preflight.numfmt import gib
 
-    lay = (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero_stage']} rc={c['activation_recompute']}"
-           + (" sp" if c["sequence_parallel"] else "") + f" mbs={c['micro_batch_size']} m={c['microbatches']}"
-           + (f" v={c['interleave']}" if c["interleave"] > 1 else ""))
+    lay = label(c)
     return (f"{lay:<58} {gib(c['memory_per_gpu_bytes']):>10} {c['memory_ratio']:>5.0%} {c['bubble_fraction']:>6.1%} "
             f"{c['tp_comm_s'] + c['pp_comm_s'] + c['dp_exposed_s']:>8.3g} {c['step_s']:>8.3g} "
             f"{c['tokens_per_s_per_gpu']:>9.4g} {c['mfu']:>5.1%}")
@@ -256,11 +307,7 @@ def text_report(profile: Profile, result: dict, top: int) -> str:
                                                "nothing in the hardware table, up to 16x the nodes"))
         return "\n".join(lines) + "\n"
     lines += [_row(x) for x in c[:min(top, result["fitting"])]]
-    t = profile.training
-    mine = next((x for x in c if (x["tp"], x["pp"], x["zero_stage"], x["activation_recompute"], x["sequence_parallel"],
-                                  x["micro_batch_size"], x["interleave"]) ==
-                 (t.tp, t.pp, t.zero_stage, t.activation_recompute, t.sequence_parallel, t.micro_batch_size,
-                  t.interleave if t.pipeline_schedule == "interleaved" else 1)), None)
+    mine = own_plan(profile, c)
     if mine is not None:
         rank = c.index(mine) + 1
         lines.append(f"the profile's own plan: rank {rank} of {len(c)}"

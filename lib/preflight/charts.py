@@ -345,3 +345,27 @@ def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None,
                                             baseline="top", color="#b71c1c").encode(
                        x="GiB:Q", y=alt.value(2), text="label:N")]
     return alt.layer(*layers).properties(width=480, height=64, title=title)
+
+
+def layouts_chart(rows: list[dict], own: dict | None, efficiency: float) -> alt.Chart:
+    """Predicted tokens/s per GPU of the advisor's top layouts (``rows``, best first) and of the
+    profile's own plan (``own``, highlighted; hatched red when it does not fit), one bar each."""
+    from preflight.advisor import label
+
+    data = [{"layout": f"{i}. {label(c)}", "tokens/s per GPU": c["tokens_per_s_per_gpu"], "MFU": c["mfu"],
+             "who": "advisor"} for i, c in enumerate(rows, 1)]
+    if own is not None and own not in rows:
+        data.append({"layout": f"plan: {label(own)}", "tokens/s per GPU": own["tokens_per_s_per_gpu"],
+                     "MFU": own["mfu"], "who": "the profile's plan" + ("" if own["fits"] else " (does not fit)")})
+    elif own is not None:
+        data[rows.index(own)]["who"] = "the profile's plan"
+    df = pd.DataFrame(data)
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("layout:N", sort=None, title=None, axis=alt.Axis(labelLimit=420)),
+        x=alt.X("tokens/s per GPU:Q", title="predicted tokens/s per GPU"),
+        color=alt.Color("who:N", title=None, scale=alt.Scale(
+            domain=["advisor", "the profile's plan", "the profile's plan (does not fit)"],
+            range=["#546e7a", "#1565c0", "#b71c1c"])),
+        tooltip=["layout", alt.Tooltip("tokens/s per GPU:Q", format=",.0f"), alt.Tooltip("MFU:Q", format=".1%")],
+    ).properties(width=300, height=alt.Step(18),
+                 title=f"Layouts that fit, by predicted tokens/s per GPU (efficiency {efficiency:.0%})")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from preflight.chapters.registry import current_id
 from preflight.findings import VERDICT_RANK
-from preflight.numfmt import fmt_delta, fmt_rel, fmt_value
+from preflight.numfmt import fmt_delta, fmt_finding, fmt_rel, is_memory
 from preflight.report import esc, facts_table, fid, page, table, verdict_badge
 
 MARKS = ("improved", "worse", "changed", "same")
@@ -64,6 +64,7 @@ class Row:
     def mark(self) -> str:
         """improved / worse / same / changed (see the module docstring); '' on a missing side."""
         return mark(self.old["verdict"], self.new["verdict"]) if self.old and self.new else ""
+
 
 
 def mark(a: str | None, b: str | None) -> str:
@@ -140,7 +141,7 @@ def regressions(old: dict, new: dict) -> list[tuple[str, str]]:
         worse = r.delta < 0 if t.higher_is_better else r.delta > 0
         noise = max(noises)
         if worse and abs(r.delta) > noise * abs(r.old["value"]):
-            out.append((r.id, f"{fmt_value(r.old['value'], r.unit)} -> {fmt_value(r.new['value'], r.unit)} "
+            out.append((r.id, f"{fmt_finding(r.old)} -> {fmt_finding(r.new)} "
                               f"({fmt_rel(r.relative)}), beyond its noise of {noise:.1%} (p10-p90 of the repeats)"))
     return out
 
@@ -158,8 +159,8 @@ def text_report(old: dict, new: dict, old_name: str = "OLD", new_name: str = "NE
     for name, a, b in chapter_rows(old, new):
         lines.append(f"  {name:<20} {a or '-':>5} -> {b or '-':<5}  {mark(a, b)}".rstrip())
     head = ("finding", "old", "new", "change", "relative", "verdict", "")
-    cells = [(r.id, fmt_value(r.old["value"], r.unit), fmt_value(r.new["value"], r.unit),
-              fmt_delta(r.delta, r.unit), fmt_rel(r.relative),
+    cells = [(r.id, fmt_finding(r.old), fmt_finding(r.new),
+              fmt_delta(r.delta, r.unit, is_memory(r.id)), fmt_rel(r.relative),
               f"{r.old['verdict']} -> {r.new['verdict']}", r.mark) for r in rows]
     width = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
     fmt = lambda row: "  ".join(str(x).rjust(w) if 0 < i < 5 else str(x).ljust(w)  # noqa: E731
@@ -168,8 +169,8 @@ def text_report(old: dict, new: dict, old_name: str = "OLD", new_name: str = "NE
     for side, only in (("OLD", only_old), ("NEW", only_new)):
         if only:
             lines += ["", f"only in {side} ({len(only)}):"]
-            w = max(len(f["id"]) for f in only), max(len(fmt_value(f["value"], f["unit"])) for f in only)
-            lines += [f"  {f['id']:<{w[0]}}  {fmt_value(f['value'], f['unit']):>{w[1]}}  {f['verdict']}" for f in only]
+            w = max(len(f["id"]) for f in only), max(len(fmt_finding(f)) for f in only)
+            lines += [f"  {f['id']:<{w[0]}}  {fmt_finding(f):>{w[1]}}  {f['verdict']}" for f in only]
     n = counts(rows)
     lines += ["", ", ".join(f"{n[m]} {m}" for m in MARKS)
               + f"; {len(only_old)} only in OLD, {len(only_new)} only in NEW"]
@@ -193,9 +194,10 @@ def compare_html(old: dict, new: dict, old_dir: Path, new_dir: Path, out_dir: Pa
     warn = "".join(f"<p><b>Warning:</b> {esc(w)}</p>" for w in warnings(old, new))
     chap = [f"<td>{esc(name)}</td><td>{verdict_badge(a) if a else '-'}</td><td>{verdict_badge(b) if b else '-'}</td>"
             f"<td class='ch-{mark(a, b)}'>{mark(a, b)}</td>" for name, a, b in chapter_rows(old, new)]
-    cells = [(r.id, f"<td>{fid(r.id)}</td><td class='num'>{esc(fmt_value(r.old['value'], r.unit))}</td>"
-              f"<td class='num'>{esc(fmt_value(r.new['value'], r.unit))}</td>"
-              f"<td class='num'>{esc(fmt_delta(r.delta, r.unit))}</td><td class='num'>{esc(fmt_rel(r.relative))}</td>"
+    cells = [(r.id, f"<td>{fid(r.id)}</td><td class='num'>{esc(fmt_finding(r.old))}</td>"
+              f"<td class='num'>{esc(fmt_finding(r.new))}</td>"
+              f"<td class='num'>{esc(fmt_delta(r.delta, r.unit, is_memory(r.id)))}</td>"
+              f"<td class='num'>{esc(fmt_rel(r.relative))}</td>"
               f"<td>{verdict_badge(r.old['verdict'])} &rarr; {verdict_badge(r.new['verdict'])}</td>"
               f"<td class='ch-{esc(r.mark)}'>{esc(r.mark)}</td>") for r in rows]
     only = ""
@@ -203,7 +205,7 @@ def compare_html(old: dict, new: dict, old_dir: Path, new_dir: Path, out_dir: Pa
         if fs:
             only += f"<h2>Only in {name} ({len(fs)})</h2>" + table(
                 ["finding", "value", "verdict", "threshold"],
-                [f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_value(f['value'], f['unit']))}</td>"
+                [f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_finding(f))}</td>"
                  f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td>" for f in fs], "findings")
     n = counts(rows)
     title = (f"Preflight compare: {old['project']}" if old["project"] == new["project"]

@@ -143,10 +143,15 @@ def fmt_finding(finding: dict) -> str:
     chart show them; a ratio judged in percent ("plan / GPU memory: pass <= 90%") in percent (574%)."""
     if finding["unit"] == "ratio" and finding["value"] is not None and "%" in (finding.get("threshold") or ""):
         return percent(finding["value"])
-    return fmt_value(finding["value"], finding["unit"], binary="memory" in finding["id"].split("/")[-1])
+    return fmt_value(finding["value"], finding["unit"], binary=is_memory(finding["id"]))
 
 
-def fmt_delta(delta: float | None, unit: str) -> str:
+def is_memory(finding_id: str) -> bool:
+    """A finding of memory (its name says ``memory``): its bytes print in GiB, as the memory plan's."""
+    return "memory" in finding_id.split("/")[-1]
+
+
+def fmt_delta(delta: float | None, unit: str, binary: bool = False) -> str:
     """A signed change in the finding's unit: +1.2 GB, -3.5 pp (fractions: percentage points, not
     percent), +0.4x, -120 s; empty for booleans and unknowns."""
     if delta is None or unit == "bool":
@@ -155,7 +160,7 @@ def fmt_delta(delta: float | None, unit: str) -> str:
         return "0"
     if unit == "fraction":
         return f"{delta * 100:+.1f} pp"
-    return ("+" if delta > 0 else "-") + fmt_value(abs(delta), unit)
+    return ("+" if delta > 0 else "-") + fmt_value(abs(delta), unit, binary)
 
 
 def fmt_rel(rel: float | None) -> str:

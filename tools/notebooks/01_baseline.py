@@ -369,6 +369,49 @@ if memm:
 MP.add_validation_finding(ch.findings, memm)
 
 # %% [markdown]
+# ## 8. Which layout would pass: the advisor
+#
+# A verdict says the plan fails; the next question is which plan would pass and be fastest. The
+# advisor (`python -m preflight advise PROFILE`, `preflight.advisor`) asks the chapters' own models:
+# it enumerates every layout the cluster allows (tp dividing a node's GPUs and the heads, pp dividing
+# the layers, dp the rest, the framework's ZeRO stages, recompute none / selective / full, sequence
+# parallelism, micro-batch sizes and counts that keep the global batch, interleaving), keeps those
+# whose memory passes section 7's verdict, and ranks them by predicted tokens/s per GPU: the FLOPs at
+# an efficiency (this chapter's measured MFU when there is one, else a stated 60 %), the bubble, the
+# exposed tensor-, pipeline- and data-parallel communication, recompute's extra forward.
+#
+# Read the ranking as a shortlist to measure, not an answer: the step model leaves out kernel shapes
+# (a small tp slice runs below the efficiency), the network's congestion and the framework's
+# overheads. On four published runs (Megatron-LM 146B, 530B and 1T, Llama 3 405B) the published
+# tp x pp x micro-batch is its first or second choice, and its predicted share of the peak is within 2.2
+# points of Megatron-LM's and 8.6 below Llama 3's (`docs/advisor-validation.md` says why). The
+# sliders show how the order moves: with faster
+# kernels the communication has less compute to hide behind; a team that cannot run deep pipelines or
+# full sharding sees what it costs.
+
+# %%
+from preflight import advisor
+
+advice = B.layout_advice(prof, ch.findings, ch.gpu_key if prof.cluster.gpu == "auto" else None,
+                         mem["capacity"] if prof.cluster.gpu == "auto" else None)
+if isinstance(advice, str):
+    print(f"No ranking: {advice}")
+else:
+    print(f"{len(advice['candidates'])} layouts, {advice['fitting']} fit; efficiency {advice['efficiency']:.0%} "
+          f"({advice['efficiency_source']}); global batch {advice['global_batch']} sequences.")
+    ch.table(advisor.table(prof, advice["candidates"], top=5))
+    fits = [c for c in advice["candidates"] if c["fits"]]
+    ch.show("layouts", charts.layouts_chart(fits[:8], advisor.own_plan(prof, advice["candidates"]),
+                                            advice["efficiency"]))
+
+# %%
+if interactive and not isinstance(advice, str) and advice["fitting"]:
+    from IPython.display import display
+
+    from preflight.widgets import layout_explorer
+    display(layout_explorer(prof, advice))
+
+# %% [markdown]
 # ## Predict, then measure
 #
 # Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node

@@ -136,6 +136,8 @@ gp, gm = (t.pp, t.microbatches) if t.pp > 1 else (4, 8)
 gs, gv = (t.pipeline_schedule, t.interleave) if t.pp > 1 else ("1f1b", 1)
 if gs == "interleaved" and gv == 1:
     gs = "1f1b"                     # one chunk per GPU: interleaving degenerates to 1F1B
+    print("The profile says pipeline_schedule: interleaved with interleave: 1, one model chunk per GPU: that "
+          "is 1F1B, drawn as 1F1B below. Set training.interleave to 2 or more to interleave.")
 tl = P.schedule_timeline(gp, gm, gs, v=gv)
 ch.show("schedule", charts.gantt(tl, title=("the profile's schedule" if t.pp > 1 else "example: 1F1B, p=4, m=8")
                                  + f": idle {P.timeline_bubble(tl):.1%} (formula {P.bubble_fraction(gp, gm, gv):.1%})"))

@@ -280,7 +280,8 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
             else "go on to the next stage")
     sink.add(id="baseline/measured_scaling_efficiency", value=float(last["efficiency"]), unit="fraction",
              verdict=v, threshold=words,
-             message=(f"Data-parallel (DDP) step time at {int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
+             message=(f"Reference model (preflight.bench.reference), data-parallel (DDP) step time at "
+                      f"{int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
                       f"{last['unit']} {where}: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
                       f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch); efficiency "
                       + " -> ".join(f"{e:.0%}" for e in stages["efficiency"])
@@ -288,3 +289,19 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
              fix=f"Record efficiency at every stage (1 -> 8 -> 64 -> 512) and stop when it falls under "
                  f"{STOP_RULE_EFFICIENCY:.0%}.",
              source=source)
+
+
+def layout_advice(profile: Profile, sink: FindingSink, gpu_key: str | None = None,
+                  capacity: float | None = None) -> dict | str:
+    """The advisor's ranking for the chapter (``preflight.advisor.advise``), at this chapter's measured
+    MFU when ``baseline/mfu`` was measured above (a GPU with a datasheet peak), else at the stated
+    default; the reason as a string when it cannot rank (an ``auto`` GPU without a known peak)."""
+    from preflight import advisor
+
+    measured = next((f for f in sink.findings if f.id == "baseline/mfu" and f.value is not None), None)
+    eff = float(measured.value) if measured is not None and 0.01 <= measured.value <= 1 else None
+    try:
+        return advisor.advise(profile, efficiency=eff, gpu_key=gpu_key, capacity=capacity,
+                              efficiency_source="this chapter's measured MFU (section 3)" if eff else None)
+    except ValueError as err:
+        return str(err)

@@ -99,7 +99,8 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
     ``partition``: predicted and measured gains (``preflight.chapter.Measured`` or None each)."""
     sink.measured("load_balance/bucketing_speedup", padding, "x", lambda r: dict(
         value=r["bucketing_speedup"], verdict="info", threshold="recorded for reference (> 1: bucketing pays)",
-        message=(f"Useful tokens/s of a Transformer forward+backward: length bucketing is "
+        message=(f"Useful tokens/s of the reference Transformer's forward+backward (preflight.bench.padding): "
+                 f"length bucketing is "
                  f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
                  f"{r['bucketing_speedup_vs_dataset']:.2f}x pad-to-longest-in-dataset."),
         fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler."),
@@ -130,7 +131,8 @@ def _bubble_finding(results: dict) -> dict:
                       for x in rows.itertuples())
     return dict(value=float(ref["measured_bubble"]), verdict="info",
                 threshold="recorded for reference (against (p-1)/(v m + p-1))",
-                message=(f"Measured idle share per rank (measured vs formula): {parts}. "
+                message=(f"Measured idle share per rank of the reference pipeline (preflight.bench.pipeline; "
+                         f"measured vs formula): {parts}. "
                          f"Error at p={int(ref['p'])}, m={int(ref['m'])}: {ref['measured_bubble'] - ref['formula']:+.1%}; "
                          "at large m the send/recv latency sets a floor the formula does not have."),
                 fix="Trust the formula for small m; measure at large m.")

@@ -11,7 +11,7 @@ One module per chapter, named as the chapter (``preflight.chapters.registry``: `
 ``data_pipeline``, ``communication``, ``load_balance``, ``fault_tolerance``)
 over the shared pattern in ``core``; everything is importable from ``preflight.widgets``.
 """
-from preflight.widgets.baseline import amdahl_explorer, memory_explorer  # noqa: F401
+from preflight.widgets.baseline import amdahl_explorer, layout_explorer, memory_explorer  # noqa: F401
 from preflight.widgets.communication import allreduce_explorer  # noqa: F401
 from preflight.widgets.core import _log_slider, explorer, readout  # noqa: F401
 from preflight.widgets.data_pipeline import listing_explorer, supply_explorer  # noqa: F401

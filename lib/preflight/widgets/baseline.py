@@ -105,3 +105,51 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
         return readout(values), charts.memory_bars(terms, capacity_bytes)
 
     return explorer(controls, compute, "Memory planner")
+
+
+def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
+    """The advisor's ranking (``preflight.advisor.advise``'s ``result``) under three choices worth
+    exploring: the kernels' efficiency (re-times and re-ranks the fitting layouts with the same step
+    model, ``advisor.at_efficiency``), the largest pipeline depth the team will run, and whether ZeRO-3 /
+    FSDP full sharding is allowed. Memory does not change with them, so no layout is re-planned."""
+    from preflight import advisor
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    fitting = [c for c in result["candidates"] if c["fits"]]
+    pps = sorted({c["pp"] for c in fitting}) or [1]
+    effs = sorted({round(0.05 * k, 2) for k in range(4, 17)} | {round(result["efficiency"], 2)})
+    controls = {
+        "efficiency": W.SelectionSlider(options=effs, value=round(result["efficiency"], 2),
+                                        description="efficiency (MFU of a step)", style=style, layout=layout),
+        "max_pp": W.SelectionSlider(options=pps, value=pps[-1], description="pipeline stages at most",
+                                    style=style, layout=layout),
+        "zero3": W.Checkbox(value=True, description="ZeRO-3 / full sharding allowed", style=style),
+    }
+    cache: dict[float, list[dict]] = {}
+    own_all = advisor.own_plan(profile, result["candidates"])
+
+    def compute(efficiency, max_pp, zero3):
+        if efficiency not in cache:
+            cache[efficiency] = advisor.at_efficiency(profile, result, efficiency)
+        ranked = [c for c in cache[efficiency] if c["pp"] <= max_pp and (zero3 or c["zero_stage"] < 3)]
+        own = advisor.own_plan(profile, cache[efficiency])
+        if own is None and own_all is not None:          # the plan does not fit: shown, re-timed, not ranked
+            own = advisor.retime(profile, own_all, efficiency)
+        if not ranked:
+            return readout({"best": ("best layout", "none fits under these limits")}), \
+                charts.layouts_chart([], own, efficiency)
+        best = ranked[0]
+        values = {"best": ("best layout", advisor.label(best)),
+                  "tokens": ("predicted tokens/s per GPU", f"{best['tokens_per_s_per_gpu']:,.0f}"),
+                  "mfu": ("predicted MFU", f"{best['mfu']:.1%}"),
+                  "step": ("step", f"{best['step_s']:.3g} s"),
+                  "count": ("layouts that fit these limits", f"{len(ranked)}")}
+        if own is not None:
+            where = (f"rank {ranked.index(own) + 1}, " if own in ranked else
+                     "outside these limits, " if own["fits"] else "does not fit its memory; it would give ")
+            values["own"] = ("the profile's plan", where
+                             + f"{own['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
+                             f"({own['tokens_per_s_per_gpu'] / best['tokens_per_s_per_gpu']:.0%} of the best)")
+        return readout(values), charts.layouts_chart(ranked[:top], own, efficiency)
+
+    return explorer(controls, compute, title="Layout advisor: which tp x pp x dp, ZeRO stage and recompute")
