@@ -159,12 +159,18 @@ _STATE = """() => {
 }"""
 
 
+def _menu(page, menu: str, item: str) -> None:
+    page.get_by_role("menuitem", name=menu, exact=True).click()
+    page.get_by_role("menuitem", name=item, exact=True).click()
+
+
 def run_all(page, lab: JupyterLab, path: str) -> tuple[dict, float]:
     """Open ``path``, Run All, wait until every code cell ran (or one failed); return the final state
     and the seconds it took."""
     page.goto(lab.lab_url(path))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     _wait_kernel(page, lab, path)
+    _menu(page, "View", "Expand All Code")    # collapsed inputs show no prompt; progress is read from them
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     t0 = time.monotonic()
@@ -417,6 +423,7 @@ def test_chapter_in_jupyterlab(chapter, lab, chromium, tmp_path):
         assert not errors, f"{path}: error output after Run All:\n" + "\n---\n".join(errors)
         assert state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"]), state["prompts"]
         explorers = [check(page) for check in CHECKS.get(chapter, [])]
+        _menu(page, "View", "Collapse All Code")          # the screenshot: as the learner opens it
         shot = tmp_path / f"lab-{chapter}.png"
         page.screenshot(path=str(shot))
         keep_artifact(shot)

@@ -8,9 +8,11 @@ What a learner sees when the notebook opens:
 
 - the kernel is ``KERNEL`` ("Python (preflight)", the project's virtual environment, which
   ``make setup`` registers), so the documented kernel is the one JupyterLab starts;
-- code inputs stay expanded for now: JupyterLab shows no execution prompt on a collapsed input, and
-  the browser tests (and a learner) read Run All's progress from those prompts. The report hides every
-  input anyway. ``learner_edits`` marks the cells a learner edits (parameters, predictions).
+- code inputs are collapsed (``{"jupyter": {"source_hidden": true}}``: one click on the cell's bar, or
+  View > Expand All Code, shows them), so the results come first, except the cells a learner edits
+  (``learner_edits``: the parameters cell and the exercises' ``prediction = None`` cells). A collapsed
+  cell shows no ``[*]`` prompt: the kernel indicator and each long cell's progress line say what runs.
+  The report hides every input anyway.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ def cells_from_percent(text: str):
             cell = nbformat.v4.new_code_cell(src)
             if src.startswith("# parameters"):
                 cell.metadata["tags"] = ["parameters"]
+            if not learner_edits(src):
+                cell.metadata["jupyter"] = {"source_hidden": True}
             cells.append(cell)
 
     for line in text.splitlines():
