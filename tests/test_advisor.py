@@ -166,7 +166,7 @@ def test_mfu_from_an_audit_sets_the_efficiency_and_says_where_from(tmp_path):
 
 
 @pytest.mark.parametrize("case, words", [
-    ("plan-only", "chapter 1's MFU was not measured there (not measured: plan-only mode"),
+    ("plan-only", "no MFU from chapter 1 there (not measured: plan-only mode"),
     ("missing", "not an audit's findings.json"),
     ("above 1", "outside the accepted 0.01-1"),
     ("both flags", "not allowed with argument"),

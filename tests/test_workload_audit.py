@@ -30,11 +30,12 @@ WORKLOAD_IDS = {"baseline/params", "baseline/flops_per_sample", "baseline/throug
 EXAMPLES = {"tiny-lm": ("tiny_lm.py:build", "TinyLM"), "small-cnn": ("small_cnn.py:build", "SmallCNN")}
 
 
-def readme_commands() -> list[str]:
+def readme_commands(block: int = 0) -> list[str]:
+    """The command lines of the ``block``-th bash block of README's "Audit your own model", comments removed."""
     text = (REPO / "README.md").read_text()
     section = text.split("## Audit your own model", 1)[1].split("\n## ", 1)[0]
-    return [re.sub(r"\s+#.*$", "", ln).strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)
-            for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+    code = re.findall(r"```bash\n(.*?)```", section, re.S)[block]
+    return [re.sub(r"\s+#.*$", "", ln).strip() for ln in code.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +93,39 @@ def test_compare_reference_and_workload(audited, tmp_path):
     r = run_cli("compare", ref, audited / "tiny-lm", "--out", tmp_path / "cmp")
     assert r.returncode == 0, r.stderr
     assert "baseline/throughput" in r.stdout and (tmp_path / "cmp" / "compare.html").is_file()
+
+
+def test_cluster_workflow_reads_the_records_back_and_advises(audited):
+    """README's cluster workflow for a workload: the GPU node's audit (here the CPU audit of the same
+    profile above stands in: no srun, no GPU), then the last two lines as written, on a copy of the
+    profile that says ``gpu: auto`` (its records were measured on this CPU, not on the H100 it names).
+    The read-back audit measures nothing: every workload finding is the record's, same value, naming
+    the record; advise --mfu-from refuses a CPU audit (no datasheet peak, so no MFU) with exit 2."""
+    gpu_run, read_back, advise = readme_commands(1)
+    assert gpu_run.startswith("srun ") and gpu_run.endswith("audit examples/tiny_lm.yaml --out reports/tiny-lm-gpu")
+    work = audited.parent
+    shutil.copytree(audited / "tiny-lm", audited / "tiny-lm-gpu")
+    profile = work / "examples" / "tiny_lm.yaml"
+    text = profile.read_text()
+    assert "  gpu: H100-SXM\n" in text
+    profile.write_text(text.replace("  gpu: H100-SXM\n", "  gpu: auto\n"))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PREFLIGHT_QUICK", None)
+    r = subprocess.run(["bash", "-c", read_back], cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, f"{read_back}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    measured = {f["id"]: f for f in json.loads((audited / "tiny-lm" / "findings.json").read_text())["findings"]}
+    s = json.loads((audited / "tiny-lm-read" / "findings.json").read_text())
+    assert [c["status"] for c in s["chapters"]] == ["ok"] * 5, s["chapters"]
+    read = {f["id"]: f for f in s["findings"]}
+    logs = [m for p in (audited / "tiny-lm-read" / "measurements").glob("*.json") for m in json.loads(p.read_text())]
+    assert logs and not [m["method"] for m in logs if m["origin"] == "live"], logs
+    replayed = [fid for fid in WORKLOAD_IDS if measured[fid]["source"] != "not measured"]
+    assert len(replayed) >= 10, replayed
+    for fid in replayed:
+        assert read[fid]["value"] == measured[fid]["value"], fid
+        assert read[fid]["source"].startswith("recorded on ") and ".json" in read[fid]["source"], \
+            (fid, read[fid]["source"])
+        assert read[fid]["message"].startswith("workload TinyLM"), fid
+    r = subprocess.run(["bash", "-c", advise], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--mfu-from = 'reports/tiny-lm-gpu': no MFU from chapter 1 there" in r.stderr, \
+        r.stdout + r.stderr

@@ -138,8 +138,8 @@ def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tu
     f = found.get("baseline/mfu")
     if f is None or f.get("value") is None:
         why = f["message"] if f else "no baseline/mfu finding (chapter 1 did not run)"
-        raise ValueError(f"--mfu-from = {str(audit)!r}: chapter 1's MFU was not measured there ({why}); "
-                         "run the audit with measurements on the GPU (or pass --efficiency)")
+        raise ValueError(f"--mfu-from = {str(audit)!r}: no MFU from chapter 1 there ({why}); MFU needs a "
+                         "measure-mode audit on a GPU with a datasheet peak (or pass --efficiency)")
     value = float(f["value"])
     if not 0.01 <= value <= 1.0:
         raise ValueError(f"--mfu-from = {str(audit)!r}: baseline/mfu = {value:g}, outside the accepted "
