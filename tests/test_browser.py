@@ -14,6 +14,7 @@ Time on a 2-core CPU: the report test ~1 min (the audit replays tests/data/cpu_r
 """
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import time
@@ -289,6 +290,25 @@ def _check_amdahl(page) -> Explorer:
     return ex
 
 
+def _check_layouts(page) -> Explorer:
+    """Chapter 1's layout advisor: it starts at advise()'s ranking; one step down in efficiency re-ranks
+    with the same step model (advisor.at_efficiency), as computed here."""
+    from preflight import advisor
+    from preflight.profile import load_profile
+
+    prof = load_profile(REPO / "data" / "profiles" / "example.yaml")
+    result = advisor.advise(prof)
+    ex = Explorer(page, "Layout advisor: which tp x pp x dp, ZeRO stage and recompute")
+    assert html.unescape(ex.read()["readout"]["best"]) == advisor.label(result["candidates"][0])
+    s = ex.move("efficiency (MFU of a step)", "ArrowLeft")
+    eff = float(s["sliders"]["efficiency (MFU of a step)"])
+    assert eff < result["efficiency"]
+    best = advisor.at_efficiency(prof, result, eff)[0]
+    assert s["readout"]["tokens"] == f"{best['tokens_per_s_per_gpu']:,.0f}"
+    assert html.unescape(s["readout"]["best"]) == advisor.label(best)
+    return ex
+
+
 def _check_memory(page) -> Explorer:
     from preflight.chapters.memory_plan import plan_of
     from preflight.models import memory as M
@@ -403,7 +423,7 @@ def _check_failures(page) -> Explorer:
     return ex
 
 
-CHECKS = {"01_baseline": [_check_amdahl, _check_memory], "02_data_pipeline": [_check_listing, _check_supply],
+CHECKS = {"01_baseline": [_check_amdahl, _check_memory, _check_layouts], "02_data_pipeline": [_check_listing, _check_supply],
           "03_communication": [_check_allreduce],
           "04_load_balance": [_check_bubble], "05_fault_tolerance": [_check_failures]}
 

@@ -123,7 +123,8 @@ def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
                                         description="efficiency (MFU of a step)", style=style, layout=layout),
         "max_pp": W.SelectionSlider(options=pps, value=pps[-1], description="pipeline stages at most",
                                     style=style, layout=layout),
-        "zero3": W.Checkbox(value=True, description="ZeRO-3 / full sharding allowed", style=style),
+        "zero3": W.Checkbox(value=True, description="ZeRO-3 / FSDP full sharding allowed",
+                            style={"description_width": "initial"}, layout=layout),
     }
     cache: dict[float, list[dict]] = {}
     own_all = advisor.own_plan(profile, result["candidates"])
