@@ -364,7 +364,7 @@ def _check_allreduce(page) -> Explorer:
     ex = Explorer(page, "AllReduce calculator")
     s0 = ex.read()
     ex.move("log2 D (DP ranks)", "ArrowLeft")
-    s = ex.move("parameters M")
+    s = ex.move("parameters (count)")
     sl, dd, r = s["sliders"], s["dropdowns"], s["readout"]
     d = 2 ** int(number(sl["log2 D (DP ranks)"]))
     assert d == 2 ** (int(number(s0["sliders"]["log2 D (DP ranks)"])) - 1)
@@ -376,8 +376,8 @@ def _check_allreduce(page) -> Explorer:
                                    nics_per_node=nics, microbatches=tr.microbatches, compute_s=c,
                                    serial_s=tr.step_serial_s)
 
-    m, c = (sl["parameters M"], 3), (sl["compute per step (s)"], 3)        # readout_format ".3g"
-    assert number(m[0]) > number(s0["sliders"]["parameters M"])
+    m, c = (sl["parameters (count)"], 3), (sl["compute per step (s)"], 3)        # readout_format ".3g"
+    assert number(m[0]) > number(s0["sliders"]["parameters (count)"])
     inputs = {"m": m, "d": d, "c": c}
     assert_shown(r["bytes"], lambda m, d, c: plan(m, d, c).bytes_per_rank / 1e9, inputs, "bytes")
     assert_shown(r["time_s"], lambda m, d, c: plan(m, d, c).time_s, inputs, "all-reduce time")

@@ -11,7 +11,7 @@ from preflight.widgets.core import _log_slider, explorer, readout
 def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compute_s: float,
                        serial_s: float, gpus_per_node: int, intra_GBps: float, tp: int = 1, pp: int = 1,
                        nics_per_node: int | None = None, microbatches: int = 1) -> W.VBox:
-    """Sliders: parameters M, data-parallel size D, gradient dtype, bandwidth tier, NICs per node, compute
+    """Sliders: parameter count, data-parallel size D, gradient dtype, bandwidth tier, NICs per node, compute
     per step -> bytes per rank, placement and bus bandwidth, all-reduce time (rail-aware) beside the flat
     arithmetic, comm/compute, efficiency bounds: every number is ``preflight.models.comm.allreduce_plan``
     at the sliders' position (tp, pp and micro-batches fixed)."""
@@ -24,7 +24,7 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
     nics_default = nics_per_node or gpus_per_node
     nic_options = sorted({1, 2, 4, gpus_per_node, nics_default})
     controls = {
-        "params": _log_slider(params, 1e8, 1e12, "parameters M"),
+        "params": _log_slider(params, 1e8, 1e12, "parameters (count)"),
         "log2_dp": W.IntSlider(value=max(0, int(dp).bit_length() - 1), min=0, max=14, description="log2 D (DP ranks)",
                                style=style, layout=layout),
         "dtype": W.Dropdown(options=list(comm.BYTES_PER_ELEMENT), value=grad_dtype, description="gradient dtype",
