@@ -101,7 +101,7 @@ def test_first_stage_in_flight_micro_batches(schedule, v, inflight):
     assert f"{inflight:g} micro-batches in flight" in t.loc["activations", "formula"]
     # 1F1B: the first stage keeps L layers' worth whatever p (Korthikanti 4.2.3); pp = 1: one at a time
     one = M.terms(M.Plan(**SEVEN_B, microbatches=8, schedule=schedule if v == 1 else "1f1b"))
-    assert "1 micro-batches in flight x 32 layers" in one.set_index("term").loc["activations", "formula"]
+    assert "1 micro-batch in flight x 32 layers" in one.set_index("term").loc["activations", "formula"]
 
 
 def test_terms_table_and_framework_allowance():

@@ -14,6 +14,7 @@ from conftest import EXAMPLE, run_cli
 from preflight import guidance, report
 from preflight.chapters.registry import CHAPTERS
 from preflight.report import FindingsError, external_refs, load_findings, validate_findings
+from preflight.tables import prose
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def test_index_reads_like_an_audit(plan, data):
         d = report.deciding(by_ch[c["number"]])
         assert d["verdict"] == c["verdict"]
         assert report.fid(d["id"]) in verdicts and report.esc(report.fmt_finding(d)) in verdicts
-        assert report.esc(d["threshold"]) in verdicts and report.esc(d["fix"]) in verdicts
+        assert report.esc(d["threshold"]) in verdicts and prose(d["fix"]) in verdicts
         assert f"href='{report.chapter_page(c)}'" in verdicts and (plan / report.chapter_page(c)).exists()
         # a failing chapter's row shows the number its threshold judges (not, say, an interval in s
         # beside a threshold in % of waste)
@@ -276,8 +277,8 @@ def test_index_says_what_to_fix_first_and_folds_the_rest(plan, data):
     top = guidance.top_fixes(data["findings"])
     assert head.count("<li>") == len(top) == 3, head
     for f in top:                           # each fix, the number that calls for it, a link to its row
-        assert report.esc(f["fix"]) in head and f"href='#{f['id']}'" in head and report.esc(report.fmt_finding(f)) in head
-    assert head.index(report.esc(top[0]["fix"])) < head.index(report.esc(top[1]["fix"]))
+        assert prose(f["fix"]) in head and f"href='#{f['id']}'" in head and report.esc(report.fmt_finding(f)) in head
+    assert head.index(prose(top[0]["fix"])) < head.index(prose(top[1]["fix"]))
     assert "how many times the number misses its pass bound" in head
     for c in data["chapters"]:
         sec = html[html.index(f"<section class='chapter' id='ch{c['number']}'>"):]
@@ -317,3 +318,13 @@ def test_figures_are_scaled_and_keep_their_viewbox():
     assert 'width="780" height="390" viewBox="0 0 600 300"' in out
     assert 'width="1000"' in scaled_svg(svg.replace('width="600"', 'width="900"'))          # at most the page
     assert chart_heading("memory_terms").startswith("Memory per GPU") and chart_heading("new_chart") == "New chart"
+
+
+def test_prose_turns_backticks_into_code_and_escapes_the_rest():
+    from preflight.tables import frame_html
+
+    assert prose("Run `make plan` & <b>") == "Run <code>make plan</code> &amp; &lt;b&gt;"
+    assert prose("a `<script>` b") == "a <code>&lt;script&gt;</code> b"      # escaped first: no tag in code
+    import pandas as pd
+    cells = frame_html(pd.DataFrame({"quantity": ["waste verdict"], "rate": ["pass"]}))
+    assert "PASS" in cells and ">pass<" not in cells                           # a verdict row is badged

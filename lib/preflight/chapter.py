@@ -254,13 +254,13 @@ def next_steps_html(findings: list[dict], n: int = 3) -> str:
     from html import escape
 
     from preflight.guidance import top_fixes
-    from preflight.tables import badge
+    from preflight.tables import badge, prose
 
     fixes = top_fixes(findings, n)
     head = "<p><b>What to change in your plan</b> (this chapter's findings on your profile"
     if not fixes:
         return head + "): nothing here fails or warns. Keep the plan; re-run this chapter when it changes.</p>"
-    items = "".join(f"<li>{badge(f['verdict'])} <code>{escape(f['id'])}</code>: {escape(f['fix'])}</li>" for f in fixes)
+    items = "".join(f"<li>{badge(f['verdict'])} <code>{escape(f['id'])}</code>: {prose(f['fix'])}</li>" for f in fixes)
     return head + ", the fix that buys the most first):</p><ol>" + items + "</ol>"
 
 

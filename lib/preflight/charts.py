@@ -360,12 +360,13 @@ def layouts_chart(rows: list[dict], own: dict | None, efficiency: float) -> alt.
     elif own is not None:
         data[rows.index(own)]["who"] = "the profile's plan"
     df = pd.DataFrame(data)
+    colours = {"advisor": "#546e7a", "the profile's plan": "#1565c0", "the profile's plan (does not fit)": "#b71c1c"}
+    shown = [k for k in colours if k in set(df["who"])]          # a legend entry only for what is drawn
+    plan = "" if own is None else " and the profile's plan" + ("" if own["fits"] else " (which does not fit)")
     return alt.Chart(df).mark_bar().encode(
         y=alt.Y("layout:N", sort=None, title=None, axis=alt.Axis(labelLimit=420)),
         x=alt.X("tokens/s per GPU:Q", title="predicted tokens/s per GPU"),
-        color=alt.Color("who:N", title=None, scale=alt.Scale(
-            domain=["advisor", "the profile's plan", "the profile's plan (does not fit)"],
-            range=["#546e7a", "#1565c0", "#b71c1c"])),
+        color=alt.Color("who:N", title=None, scale=alt.Scale(domain=shown, range=[colours[k] for k in shown])),
         tooltip=["layout", alt.Tooltip("tokens/s per GPU:Q", format=",.0f"), alt.Tooltip("MFU:Q", format=".1%")],
     ).properties(width=300, height=alt.Step(18),
-                 title=f"Layouts that fit, by predicted tokens/s per GPU (efficiency {efficiency:.0%})")
+                 title=f"The fastest layouts that fit{plan}, by predicted tokens/s per GPU (efficiency {efficiency:.0%})")

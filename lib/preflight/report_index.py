@@ -27,7 +27,7 @@ from preflight.report import (
     table,
     verdict_badge,
 )
-from preflight.tables import short_paths
+from preflight.tables import prose, short_paths
 
 # The title above each chart of the report (charts/<chapter>--<key>.svg, written by the notebooks): what
 # the chart shows, in words. A key not listed here is shown as its words ("memory_terms": "Memory terms").
@@ -69,7 +69,7 @@ def findings_table(findings: list[dict]) -> str:
     what it means with the fix and (file names only) where the number comes from."""
     rows = [(f["id"], f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_finding(f))}</td>"
              f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td>"
-             f"<td>{esc(f['message'])}<br><b>Fix:</b> {esc(f['fix'])}"
+             f"<td>{prose(f['message'])}<br><b>Fix:</b> {prose(f['fix'])}"
              f"<br><span class='src'>Source: {esc(short_paths(f['source']))}</span></td>") for f in findings]
     return table(["Finding", "Value", "Verdict", "Threshold", "What it means, and the fix"], rows, "findings")
 
@@ -123,7 +123,7 @@ def guidance_html(summary: dict) -> str:
     for f in fixes:
         s = guidance.shortfall(f)
         far = f"; {num(s)} times from its pass bound" if s is not None else ""
-        items.append(f"<li><b>{esc(f['fix'])}</b><br><span class='meta'>chapter {f['chapter']}, "
+        items.append(f"<li><b>{prose(f['fix'])}</b><br><span class='meta'>chapter {f['chapter']}, "
                      f"<a href='#{esc(f['id'])}'>{esc(f['id'])}</a>: {esc(fmt_finding(f))} "
                      f"({esc(f['threshold'])}){far}</span></li>")
     how = ("Ranked by verdict (fail before warn), then by how many times the number misses its pass bound: "
@@ -145,7 +145,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
             f"<br><span class='meta'>{pitfall}{esc(_counts(found))}</span></td>"
             f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
             f"<td class='num'>{esc(fmt_finding(d)) if d else ''}</td>"
-            f"<td>{esc(d['threshold']) if d else ''}</td><td>{esc(d['fix']) if d else ''}</td>")
+            f"<td>{esc(d['threshold']) if d else ''}</td><td>{prose(d['fix']) if d else ''}</td>")
         err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""
         sections.append(
             f"<section class='chapter' id='ch{c['number']}'><h2>{esc(chapter_title(c))} "

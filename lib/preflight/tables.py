@@ -12,7 +12,8 @@ What changes on the way from the frame to the page:
   says nothing and runs off the cell;
 - a **findings** frame (columns ``value`` and ``unit``) shows each value in its unit
   (:func:`preflight.numfmt.fmt_finding`: 68.4%, 5,000 s (83.3 min), 223.1 GiB) and drops ``unit``;
-  a ``verdict`` column becomes a coloured badge (:func:`badge`).
+  a ``verdict`` column, or any cell that is exactly a verdict word (pass, warn, fail, info, error),
+  becomes a coloured badge (:func:`badge`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ from preflight.numfmt import fmt_finding, num
 VERDICT_COLOURS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "info": "#546e7a", "error": "#6a1b9a"}
 _PATH = re.compile(r"(?<![\w.:/])(?:/[\w.+-]+){2,}")      # /tmp/abc/x.json: two or more components
 _SCI = re.compile(r"^\s*[-+]?\d+(?:\.\d+)?e[-+]?\d+\s*$", re.IGNORECASE)
+
+
+def prose(text) -> str:
+    """A finding's message or fix as HTML: escaped, with its `backticked` commands and names as
+    ``<code>`` (the texts are written in Markdown's inline style, as the notebooks render them)."""
+    return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape("" if text is None else str(text)))
 
 
 def badge(verdict: str) -> str:
@@ -83,7 +90,7 @@ def frame_html(df) -> str:
                 v = None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
                 tds.append(_td(fmt_finding({"id": str(rec.get("id", "")), "value": v, "unit": rec["unit"],
                                             "threshold": rec.get("threshold")}), numeric=True))
-            elif c == "verdict" and isinstance(x, str):
+            elif isinstance(x, str) and (c == "verdict" or x in VERDICT_COLOURS):   # a verdict row, too
                 tds.append(_td(x, raw=badge(x)))
             elif isinstance(x, str) and short_paths(x) != x:          # the whole path in the tooltip
                 tds.append(_td("", raw=f"<span title='{html.escape(x)}'>{html.escape(short_paths(x))}</span>"))

@@ -259,7 +259,10 @@ blob.write_bytes(bytes(data))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     step, state, folder = ckpt.load_latest(demo)
-print(f"loaded step {step} from {folder.name}; warnings: {[str(w.message) for w in caught]}")
+here = str(demo) + os.sep                 # paths in the messages, relative to the demo folder
+print(f"loaded step {step} from {folder.name}; the loader warned:")
+for w in caught:
+    print("  " + str(w.message).replace(here, ""))
 
 
 class Payload:
@@ -274,7 +277,7 @@ ckpt._manifest(evil, 30, {"state.pt": ckpt.sha256_file(evil / "state.pt")})   # 
 try:
     ckpt.load(evil)
 except ValueError as err:
-    print("refused:", str(err).split(". ")[0] + ".")
+    print("refused:", (str(err).split(". ")[0] + ".").replace(here, ""))
 shutil.rmtree(demo, ignore_errors=True)
 
 # %% [markdown]
@@ -354,7 +357,7 @@ from importlib.resources import files
 
 template = files("preflight") / "slurm" / "walltime_requeue.sbatch"
 text = template.read_text()
-print(f"{template}  ({len(text.splitlines())} lines); its header:\n")
+print(f"lib/preflight/slurm/{template.name}  ({len(text.splitlines())} lines); its header:\n")
 print("\n".join(line for line in text.splitlines()[:40]))
 
 # %% [markdown]

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from preflight.numfmt import num
+
 from . import activations as A
 from . import states as S
 from .activations import ATTENTION, MLP, RECOMPUTE
@@ -182,7 +184,7 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     emb_total = vh * (1 if p.tied_embeddings else 2)
     extra = 2 if (p.pp == 1 and not p.tied_embeddings) else 1
     per_gpu = (p.params - emb_total) / (p.pp * p.tp) + extra * vh / p.tp
-    where = f"((params - {emb_total:.4g}) / (pp tp) + {extra} V h / tp = {per_gpu:.4g} params)"
+    where = f"((params - {num(emb_total)}) / (pp tp) + {extra} V h / tp = {num(per_gpu)} params)"
     src = S.SOURCES[p.framework]
     rows = [(t, b, f"{p.framework}: {f}", src)
             for t, b, f in S.state_rows(p.framework, p.precision, p.zero_stage, per_gpu, p.shard, where)]
@@ -196,7 +198,7 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
                                                              p.interleave)
     per_layer = _layer(p)
     rows.append(("activations", n * lps * per_layer,
-                 f"{n:g} micro-batches in flight x {lps} layers x {per_layer:.4g} B/layer "
+                 f"{n:g} micro-batch{'es' * (n != 1)} in flight x {lps} layers x {num(per_layer)} B/layer "
                  f"({p.attention} attention, {p.mlp} MLP, {p.recompute} recompute, sp={p.sequence_parallel}, "
                  f"{p.schedule}; per layer {A.formula(p.attention, p.mlp, p.dropout, p.recompute)})",
                  SRC_ACT + "; in flight: sec. 4.2.3, Narayanan et al. 2021 sec. 2.2"))
