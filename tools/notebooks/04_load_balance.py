@@ -37,6 +37,7 @@ from preflight.chapter import start
 from preflight.chapters import load_balance as C
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
+from preflight.numfmt import percent
 
 ch = start("load_balance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -71,7 +72,7 @@ ch.announce()
 
 # %%
 pad_table = C.add_plan_findings(ch.findings, prof, profile_path)
-ch.table(pad_table)
+ch.table(pad_table.assign(waste=pad_table["waste"].map(percent)))   # percent, as the chart below
 ch.show("padding_waste", charts.bars(pad_table.assign(**{"waste (%)": pad_table["waste"] * 100}), "waste (%)",
                                      "strategy", title="Padding waste (% of tokens computed)", fmt=".1f"))
 pk = pad_table.attrs["packing"]
@@ -130,7 +131,7 @@ grid = pd.DataFrame([{"p": p, "m": m, "share of step (p-1)/(m+p-1)": P.bubble_fr
                       "interleaved v=2": P.bubble_fraction(p, m, 2) if m % p == 0 else float("nan"),
                       "zero bubble ZB-H1": Z.bubble_equal_times(p, m)}
                      for p in (2, 4, 8) for m in (4, 8, 16, 32)])
-ch.table(grid)
+ch.table(grid.set_index(["p", "m"]).map(lambda x: "" if x != x else percent(x)).reset_index())   # as the text
 print("(interleaved needs m to be a multiple of p: blank where it is not)")
 gp, gm = (t.pp, t.microbatches) if t.pp > 1 else (4, 8)
 gs, gv = (t.pipeline_schedule, t.interleave) if t.pp > 1 else ("1f1b", 1)
