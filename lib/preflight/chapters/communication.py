@@ -71,9 +71,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
                       + (f" With {p['microbatches']} accumulated micro-batches only the last one's backward "
                          f"({p['hide_window_s']:.3g} s) can hide it." if p["microbatches"] > 1 else "")),
              fix=fix_comm, source=PROFILE_SOURCE)
-    for fid, key, what in (("communication/efficiency_no_overlap", "efficiency_no_overlap", "the all-reduce after backward"),
+    for fid, key, what in (("communication/efficiency_no_overlap", "efficiency_no_overlap",
+                            "the all-reduce after backward (the lower bound: no overlap at all)"),
                            ("communication/efficiency_full_overlap", "efficiency_full_overlap",
-                            "the all-reduce fully overlapped with backward")):
+                            "the all-reduce fully overlapped with backward (the upper bound: perfect overlap; "
+                            "a real run lands between the two)")):
         v, words = judge(p[key], warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
         sink.add(id=fid, value=p[key], unit="fraction", verdict=v, threshold=words,
                  message=(f"Scaling efficiency at {profile.gpus} GPUs with {what}: {p[key]:.0%} "
