@@ -130,7 +130,7 @@ def test_report_reads_only_through_the_loader(tmp_path, plan, data):
 def test_index_reads_like_an_audit(plan, data):
     html = (plan / "index.html").read_text()
     # the head: project, machine, date, mode, versions
-    for text in (data["project"], data["machine"]["label"], data["date"], "plan-only",
+    for text in (data["project"], data["machine"]["label"], report._when(data["date"]), "plan-only",
                  f"torch {data['versions']['torch']}"):
         assert report.esc(text) in html, text
     assert "<th>Machine</th>" in html and "<th>Versions</th>" in html
@@ -328,3 +328,9 @@ def test_prose_turns_backticks_into_code_and_escapes_the_rest():
     import pandas as pd
     cells = frame_html(pd.DataFrame({"quantity": ["waste verdict"], "rate": ["pass"]}))
     assert "PASS" in cells and ">pass<" not in cells                           # a verdict row is badged
+
+
+def test_the_date_reads_as_a_date():
+    assert report._when("2026-12-01T15:56:28+00:00") == "2026-12-01 15:56 UTC"
+    assert report._when("2026-12-01T17:56:28+02:00") == "2026-12-01 15:56 UTC"
+    assert report._when("not a date") == "not a date"

@@ -202,11 +202,21 @@ def machine_text(m: dict) -> str:
     return f"{m['label']}: {m['count']} {'devices' if gpu else 'cores'}, {mem} {'each' if gpu else 'host memory'}"
 
 
+def _when(iso: str) -> str:
+    """An ISO timestamp for people, in UTC: ``2026-12-01 15:56 UTC`` (as written when it does not parse)."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(str(iso)).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return str(iso)
+
+
 def facts_table(s: dict, notes: bool = False) -> str:
     """Who, where, when, with what: the head of an audit (and of each side of a comparison)."""
     vers = ", ".join(f"{k} {v}" for k, v in s["versions"].items() if v)
     facts = [("Project", s["project"])] + ([("Notes", s["notes"])] if notes and s["notes"] else []) + [
-             ("Machine", machine_text(s["machine"])), ("Date", s["date"]),
+             ("Machine", machine_text(s["machine"])), ("Date", _when(s["date"])),
              ("Mode", s["mode"]), ("Duration", f"{s['elapsed_s']:.1f} s"), ("Versions", vers),
              ("Profile", s["profile_path"])] + ([("Recorded results", s["results_dir"])] if s["results_dir"] else [])
     if w := s.get("workload"):          # the team's own model, measured instead of the reference model
