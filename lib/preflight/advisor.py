@@ -112,14 +112,23 @@ def at_efficiency(profile: Profile, result: dict, efficiency: float, gpu_key: st
     """``result``'s fitting candidates (from :func:`advise`) re-timed and re-ranked at another efficiency:
     memory does not depend on it, the ranking can (a faster kernel leaves less compute to hide the
     communication behind). For the chapter's slider; the same step model as ``advise``."""
-    return sorted((retime(profile, c, efficiency, gpu_key) for c in result["candidates"] if c["fits"]),
+    cluster = _cluster(profile, _gpu_key(profile, gpu_key))          # once, not per candidate
+    return sorted((_retimed(profile, c, cluster, efficiency) for c in result["candidates"] if c["fits"]),
                   key=_rank_key)
 
 
 def retime(profile: Profile, c: dict, efficiency: float, gpu_key: str | None = None) -> dict:
     """Candidate ``c`` with its step re-timed at ``efficiency`` (its memory and verdicts unchanged)."""
-    cluster = _cluster(profile, gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu))
+    return _retimed(profile, c, _cluster(profile, _gpu_key(profile, gpu_key)), efficiency)
+
+
+def _retimed(profile: Profile, c: dict, cluster: T.Cluster, efficiency: float) -> dict:
     return c | _step(profile, T.Layout(**{k: c[k] for k in T.Layout.__dataclass_fields__}), cluster, efficiency)
+
+
+def _gpu_key(profile: Profile, gpu_key: str | None) -> str | None:
+    """The GPU to plan for: ``gpu_key`` (the probed one under ``gpu: auto``), else the profile's."""
+    return gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
 
 
 def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tuple[float, str]:
@@ -162,7 +171,7 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
     ``capacity`` default to the profile's GPU (the hardware table, or ``cluster.gpu_memory_GB``).
     ValueError when the global batch fits no layout or the GPU has no known peak."""
     batch = global_batch(profile) if batch is None else batch
-    gpu_key = gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
+    gpu_key = _gpu_key(profile, gpu_key)
     if capacity is None:
         capacity, _ = MP.capacity_bytes(profile)
     if capacity is None:
