@@ -29,7 +29,8 @@ CH4_IDS = {"load_balance/padding_waste", "load_balance/bucketing_speedup", "load
            "load_balance/measured_bubble", "load_balance/partition_gain"}
 
 CH5_IDS = {"fault_tolerance/failure_prob_day", "fault_tolerance/failure_prob_run", "fault_tolerance/mtbf_h",
-           "fault_tolerance/checkpoint_interval_s", "fault_tolerance/expected_waste", "fault_tolerance/walltime_fit",
+           "fault_tolerance/checkpoint_interval_opt_s",
+           "fault_tolerance/checkpoint_interval_extra_waste", "fault_tolerance/expected_waste", "fault_tolerance/walltime_fit",
            "fault_tolerance/resume_bitwise", "fault_tolerance/async_stall_ratio", "fault_tolerance/elastic_recovery_s"}
 
 

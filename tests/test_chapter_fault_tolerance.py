@@ -19,8 +19,12 @@ def test_example_profile_numbers():
     assert f["fault_tolerance/failure_prob_run"].value == pytest.approx(1 - (1 - 1e-4) ** (128 * 30))
     assert f["fault_tolerance/mtbf_h"].value == pytest.approx(24 / (128 * -math.log1p(-1e-4)))
     m_s = f["fault_tolerance/mtbf_h"].value * 3600
-    assert f["fault_tolerance/checkpoint_interval_s"].value == pytest.approx(R.daly_interval(60, m_s))
-    assert f["fault_tolerance/checkpoint_interval_s"].value == pytest.approx(math.sqrt(2 * 60 * m_s), rel=0.01)
+    assert f["fault_tolerance/checkpoint_interval_opt_s"].value == pytest.approx(R.daly_interval(60, m_s))
+    assert f["fault_tolerance/checkpoint_interval_opt_s"].value == pytest.approx(math.sqrt(2 * 60 * m_s), rel=0.01)
+    # the verdict's number is the extra waste of the plan's 3 h over the optimum, as its threshold says
+    extra = f["fault_tolerance/checkpoint_interval_extra_waste"]
+    assert extra.value == pytest.approx(p["waste_plan"] - p["waste_opt"]) and extra.unit == "fraction"
+    assert extra.verdict == "pass" and extra.threshold.endswith("pass <= +1%, fail > +5%")
     # the plan checkpoints every 3 h: waste from Daly's model at 10800 s
     assert f["fault_tolerance/expected_waste"].value == pytest.approx(R.daly_waste(10800, 60, 300, m_s))
     assert f["fault_tolerance/expected_waste"].verdict == "pass"
@@ -31,7 +35,8 @@ def test_example_profile_numbers():
 
 def test_no_plan_interval_is_a_warning_and_uses_the_optimum():
     p, f = _findings(training__checkpoint_interval_s=None)
-    assert f["fault_tolerance/checkpoint_interval_s"].verdict == "warn"
+    assert f["fault_tolerance/checkpoint_interval_extra_waste"].verdict == "warn"
+    assert f["fault_tolerance/checkpoint_interval_extra_waste"].value is None
     assert p["interval_s"] == p["daly_s"]
     assert f["fault_tolerance/expected_waste"].value == pytest.approx(p["waste_opt"])
 
@@ -69,12 +74,14 @@ def test_every_plan_finding_shows_the_llama3_rate_beside_the_profiles():
     q = p["llama3"]
     assert q["p_node_day"] == R.LLAMA3_P_NODE_DAY and p["p_node_day"] == 1e-4
     assert q["mtbf_h"] == pytest.approx(49.49, abs=0.01) and p["mtbf_h"] == pytest.approx(1874.9, abs=0.1)
-    for fid in ("failure_prob_day", "failure_prob_run", "mtbf_h", "checkpoint_interval_s", "expected_waste",
+    for fid in ("failure_prob_day", "failure_prob_run", "mtbf_h", "checkpoint_interval_opt_s",
+                "checkpoint_interval_extra_waste", "expected_waste",
                 "walltime_fit"):
         assert "Llama 3's 3.8e-3 interruptions per node-day" in f[f"fault_tolerance/{fid}"].message, fid
     assert "49.5 h" in f["fault_tolerance/mtbf_h"].message
-    assert "76 min" in f["fault_tolerance/checkpoint_interval_s"].message         # Daly at 49.5 h, C = 60 s
-    assert "exponential (memoryless)" in f["fault_tolerance/checkpoint_interval_s"].message
+    assert "76.4 min" in f["fault_tolerance/checkpoint_interval_opt_s"].message      # Daly at 49.5 h, C = 60 s
+    assert "exponential (memoryless)" in f["fault_tolerance/checkpoint_interval_opt_s"].message
+
 
 
 def test_the_profiles_rate_decides_the_verdict():
@@ -102,7 +109,10 @@ def test_rates_table_puts_both_rates_side_by_side():
     p, _ = _findings()
     t = C.rates_table(p).set_index("quantity")
     assert list(t.columns) == ["profile's rate", "Llama 3's rate"]
-    assert t.loc["system MTBF"].tolist() == ["1,874.9 h", "49.5 h"]
-    assert t.loc["optimal interval (Daly)"].tolist() == ["7.9 h", "76 min"]
-    assert t.loc["per-node daily failure probability"].tolist() == ["0.0001", "0.0038"]
+    # numbers as preflight.numfmt writes them everywhere: the rate as the chart's legend, shares in %
+    assert t.loc["system MTBF"].tolist() == ["1,875 h", "49.5 h"]
+    assert t.loc["optimal interval (Daly)"].tolist() == ["7.89 h", "76.4 min"]
+    assert t.loc["per-node daily failure probability"].tolist() == ["1.0e-4", "3.8e-3"]
+    assert t.loc["P(at least one failure per day)"].tolist() == ["1.27%", "38.4%"]
+    assert t.loc["interval used", "profile's rate"] == "3 h"
     assert t.loc["waste verdict"].tolist() == ["pass", "pass"]

@@ -74,7 +74,7 @@ def test_listing_finding_fails_the_example_and_passes_sharded_data(tmp_path):
 def test_listing_table_marks_the_profile_storage_and_measured_row():
     prof = load_profile(EXAMPLE)
     df = C.listing_table(prof, measured_stat_s=2e-6)
-    assert "lustre (profile)" in set(df["storage"])
+    assert "Lustre (profile)" in set(df["storage"]) and "local NVMe" in set(df["storage"])
     last = df.iloc[-1]
     assert last["storage"].startswith("this machine")
     assert math.isclose(last["small files: listing (s)"], 10_000_000 * 2e-6)

@@ -128,7 +128,7 @@ def test_staged_scaling_across_nodes_feeds_chapter_1(cluster, tmp_path, tmp_path
     f, out = audit(tmp_path, 1)
     m = f["baseline/measured_scaling_efficiency"]
     assert m["source"].startswith("recorded") and "scaling-n1.json" in m["source"] and "scaling-n2.json" in m["source"]
-    assert "on 1 -> 2 node(s)" in m["message"] and "stop rule (60%) says" in m["message"], m["message"]
+    assert "on 1 -> 2 nodes" in m["message"] and "stop rule (60%) says" in m["message"], m["message"]
     assert m["value"] == pytest.approx(recs[1]["results"]["step_s"] / two["step_s"])
     curve = next(t for t in html_tables(notebook_text(out, "baseline")) if t and "stop rule" in t[0])
     rows = {r[curve[0].index("gpus")]: dict(zip(curve[0], r)) for r in curve[1:]}

@@ -163,6 +163,7 @@ class Chapter:
             return m
         if not self.measure:
             self._log(method, name, "not measured", "not measured", problems)
+            self._say_not_measured(method)
             return None
         if self.results_dir:
             print(f"{method.name}: measuring live on {self.device.label} instead")
@@ -208,6 +209,7 @@ class Chapter:
             return m
         if not self.measure:
             self._log(method, None, "not measured", "not measured", problems)
+            self._say_not_measured(method)
             return None
         t0 = progress.started(method.name, self.quick, self.device.is_gpu)
         recs = run()
@@ -218,6 +220,13 @@ class Chapter:
         m = Measured({"records": recs}, f"measured on {self.device.label}", {})
         self._log(method, None, "live", m.source, problems, [r.get("_path") for r in recs])
         return m
+
+    @staticmethod
+    def _say_not_measured(method: Method) -> None:
+        """What a plan-only audit's section shows in place of its measured tables and charts."""
+        print(f"{method.name}: not measured in this plan-only audit. This section's measured tables and "
+              "charts appear in a measured audit (`make report`, or `audit --results DIR` with the record of "
+              "the README's standalone command); its finding reads \"not measured\".")
 
     def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
         """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record

@@ -11,6 +11,8 @@ draws. A report made where neither font exists and read where one does can still
 """
 from __future__ import annotations
 
+import re
+
 FONT = "Verdana, DejaVu Sans, sans-serif"
 CHAR_PX = 0.62           # average advance of a character of these fonts, in em (DejaVu Sans: 0.55-0.65)
 TITLE_PX = 13            # Vega's title font size (bold, about 8.5 px per character)
@@ -31,9 +33,16 @@ def wrap_title(text: str, width: float, size: float = TITLE_PX) -> str | list[st
     per_line = max(12, int(width / (size * CHAR_PX * 1.1)))
     if len(text) <= per_line:
         return text
-    lines = textwrap.wrap(text, per_line, break_long_words=False, break_on_hyphens=False)
-    even = textwrap.wrap(text, math.ceil(len(text) / len(lines)) + 4, break_long_words=False, break_on_hyphens=False)
-    return even if len(even) == len(lines) and max(map(len, even)) <= per_line else lines
+    glued = _UNIT_GAP.sub("\x00", text)                       # "9.89 x", "28 GB": never split at the gap
+    lines = textwrap.wrap(glued, per_line, break_long_words=False, break_on_hyphens=False)
+    even = textwrap.wrap(glued, math.ceil(len(text) / len(lines)) + 4, break_long_words=False, break_on_hyphens=False)
+    return [line.replace("\x00", " ") for line in
+            (even if len(even) == len(lines) and max(map(len, even)) <= per_line else lines)]
+
+
+# The space between a number and its unit (a title line never ends in a bare number).
+_UNIT_GAP = re.compile(r"(?<=\d) (?=(?:%|x|s|ms|us|min|h|d|years?|B|kB|MB|GB|GiB|TB|MiB|Gb/s|GB/s|MB/s|TFLOP/s|"
+                       r"samples/s|tokens/s|GPUs?|nodes?|ranks?|layers?|stages?|micro-batch(?:es)?)\b)")
 
 
 def _longest_label(spec: dict) -> str:

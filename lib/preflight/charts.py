@@ -35,6 +35,14 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
         return vlc.vegalite_to_svg(fit_spec(chart.to_dict(validate=VALIDATE)))
 
 
+# Legend labels for people, from the models' column and term names (one home: the charts).
+SPEEDUP_LABELS = {"amdahl_speedup": "Amdahl (fixed problem)", "gustafson_speedup": "Gustafson (scaled problem)",
+                  "ideal": "ideal (linear)"}
+MEMORY_TERM_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
+                      "activations": "activations (layers)", "activations_output": "activations (embedding, output)",
+                      "framework": "framework allowance"}
+
+
 def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None,
                  source: str = "") -> alt.LayerChart:
     """Amdahl speedup, Gustafson scaled speedup and the ideal line over N (log-log), with the
@@ -45,7 +53,7 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
 
     ns = sorted({int(round(2 ** (k / 4))) for k in range(0, 4 * max(1, n_max.bit_length()) + 1)
                  if 2 ** (k / 4) <= n_max} | {n_max})
-    df = speedup_table(ts, tc, ns).melt("N", var_name="model", value_name="speedup")
+    df = speedup_table(ts, tc, ns).rename(columns=SPEEDUP_LABELS).melt("N", var_name="model", value_name="speedup")
     base = alt.Chart(df).mark_line(point=False).encode(
         x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N",
                 axis=alt.Axis(labelOverlap="greedy")),
@@ -249,7 +257,7 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
     span = [*d["hours"], *extra_h]
     ticks = [h for h in _DURATION_TICKS_H if min(span) <= h <= max(span)]
     x_title = "checkpoint interval (compute time between checkpoints)"
-    x_scale = alt.Scale(type="log", nice=False)
+    x_scale = alt.Scale(type="log", nice=False, padding=6)     # the end points drawn whole, not cut at the edge
     x = alt.X("hours:Q", scale=x_scale, title=x_title,
               axis=alt.Axis(values=ticks, labelExpr=_DURATION_LABEL, labelOverlap="greedy", grid=True))
     y = alt.Y("waste:Q", scale=alt.Scale(domain=[0, top]), axis=alt.Axis(format="%"),
@@ -325,16 +333,16 @@ def failure_prob_chart(p_node_day: float, nodes: int, days_max: int) -> alt.Laye
 
 def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None, title: str = "") -> alt.LayerChart:
     """One horizontal bar of per-GPU memory stacked by term (GiB), the GPU's memory as a rule."""
-    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"], "GiB": terms["bytes"] / GiB})
+    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"].map(lambda t: MEMORY_TERM_LABELS.get(t, t)),
+                        "GiB": terms["bytes"] / GiB})
           if terms is not None else pd.DataFrame({"plan": ["per GPU"], "term": ["(no valid plan)"], "GiB": [0.0]}))
+    order = list(MEMORY_TERM_LABELS.values())
     top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / GiB) * 1.05 or 1.0
     bars = alt.Chart(df).mark_bar(size=26).encode(
         y=alt.Y("plan:N", title=None), x=alt.X("sum(GiB):Q", title="GiB", scale=alt.Scale(domain=[0, top])),
-        color=alt.Color("term:N", title=None, sort=None, scale=alt.Scale(
-            domain=["weights", "gradients", "optimizer", "activations", "activations_output", "framework"])),
+        color=alt.Color("term:N", title=None, sort=None, scale=alt.Scale(domain=order)),
         order=alt.Order("order:Q"), tooltip=["term", alt.Tooltip("GiB:Q", format=".2f")]
-    ).transform_calculate(order="indexof(['weights','gradients','optimizer','activations','activations_output',"
-                                "'framework'], datum.term)")
+    ).transform_calculate(order=f"indexof({order!r}, datum.term)")
     layers = [bars]
     if capacity_bytes:
         # the label sits above the bar (the bar is 26 px in a 64 px row), on the side of the rule with room

@@ -18,7 +18,7 @@ A number on a page has two jobs: be right, and be read at a glance. The rules us
 from __future__ import annotations
 
 __all__ = ["GiB", "duration", "fmt_delta", "fmt_finding", "fmt_rel", "fmt_value", "gb", "gib", "num", "pct",
-           "percent", "sci", "seconds"]
+           "percent", "plural", "sci", "seconds"]
 
 GiB = 2 ** 30
 _YEAR_S = 365.25 * 86400
@@ -48,6 +48,11 @@ def num(x: float) -> str:
     if abs(x) >= 100:
         return f"{x:,.0f}"
     return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 else sci(x)
+
+
+def plural(n: float, word: str) -> str:
+    """``1 node``, ``16 nodes``, ``2,048 GPUs``: a count and its noun, never "node(s)"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def pct(x: float) -> str:

@@ -261,18 +261,26 @@ def drop_notebook_only(nb) -> None:
         cell["outputs"] = kept
 
 
+_SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+
+
 def chapter_html(notebook: Path, title: str) -> str:
     """A chapter page from its executed notebook: nbconvert's script-free ``basic`` template,
     inputs hidden (the executed notebook keeps the code), wrapped in the report's own page; without
     the notebook-only lines (:func:`drop_notebook_only`) and the "¶" link nbconvert puts after
-    every heading."""
+    every heading; its charts drawn at the summary's scale (``report_index.scaled_svg``), their ids
+    scoped per chart."""
     import nbformat
     from nbconvert import HTMLExporter
+
+    from preflight.report_index import scaled_svg  # the charts at the size the summary draws them
 
     nb = nbformat.read(notebook, as_version=4)
     drop_notebook_only(nb)
     body, _ = HTMLExporter(template_name="basic", exclude_input=True,
                            exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    n = iter(range(1, 10 ** 6))
+    body = _SVG.sub(lambda m: scaled_svg(scoped_svg(m.group(0), f"out{next(n)}")), body)
     nav = "<p class='meta'><a href='index.html'>&larr; audit summary</a></p>"
     return page(title, nav + playbook_links(_ANCHOR.sub("", body)))
 

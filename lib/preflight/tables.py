@@ -31,8 +31,13 @@ _SCI = re.compile(r"^\s*[-+]?\d+(?:\.\d+)?e[-+]?\d+\s*$", re.IGNORECASE)
 
 def prose(text) -> str:
     """A finding's message or fix as HTML: escaped, with its `backticked` commands and names as
-    ``<code>`` (the texts are written in Markdown's inline style, as the notebooks render them)."""
-    return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape("" if text is None else str(text)))
+    ``<code>`` (the texts are written in Markdown's inline style, as the notebooks render them), and
+    command-line options (``--results``, ``--plan-only``) kept on one line."""
+    out = re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape("" if text is None else str(text)))
+    return _OPTION.sub(r'<span style="white-space:nowrap">\1</span>', out)
+
+
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
 
 def badge(verdict: str) -> str:

@@ -119,8 +119,6 @@ if base:
                                                   title="Op categories (profiler self time)"))
     nv = r.get("nvml") or {"available": False, "reason": "not sampled"}
     print("NVML:", nv if nv.get("available") else f"not available ({nv.get('reason')})")
-else:
-    print("not measured (plan-only)")
 
 # %% [markdown]
 # ## 3. FLOPs and MFU
@@ -289,7 +287,7 @@ ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve[
 #
 # - **model states**, in the layout of your framework (`training.framework`,
 #   `preflight.models.states`). The saying is "16 bytes per parameter": 2 of weights, 2 of gradients and
-#   12 of optimizer state (fp32 master copy, momentum, variance), 112 GB for 7B before anything else.
+#   12 of optimizer state (fp32 master copy, momentum, variance): 112 GB (104 GiB) for 7B before anything else.
 #   That is the ZeRO paper's layout (Rajbhandari et al. 2020), which DeepSpeed still uses. **Megatron-LM**
 #   accumulates gradients in fp32, so it keeps 2 + 4 + 12 = 18 bytes; its distributed optimizer
 #   (`zero_stage: 1`) shards the 12, giving 6 + 12/d. **PyTorch FSDP2** with a bf16 `MixedPrecisionPolicy`

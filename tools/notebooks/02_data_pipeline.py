@@ -49,6 +49,7 @@ from preflight.bench import datapipe
 from preflight.chapter import start
 from preflight.chapters import data_pipeline as C
 from preflight.models import data as M
+from preflight.numfmt import plural
 
 ch = start("data_pipeline", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -57,7 +58,8 @@ if ch.quick:
     files, shard_size = min(files, datapipe.QUICK["files"]), datapipe.QUICK["shard_size"]
 scratch = data_dir or prof.data.scratch_dir      # the storage to test: the profile's, or this repository's disk
 work = os.path.join(scratch, "preflight-chapter2") if scratch else str(REPO / ".cache" / "data_pipeline")
-print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB on {prof.data.storage}")
+print(f"project {prof.project}: {prof.data.files:,} files of {prof.data.mean_file_kB:g} kB "
+      f"on {M.storage_label(prof.data.storage)}")
 ch.announce()
 if ch.measure:
     print(f"test dataset in {work}")
@@ -117,8 +119,6 @@ if pipe:
          for c in ("cold", "warm")]), "MB/s", "read", title="Full read of the same samples (MB/s)", fmt=",.0f"))
     print("The profile's dataset with this machine's measured stat latency:")
     ch.table(C.listing_table(prof, st["small_files"]["stat_per_file_s"]).tail(1))
-else:
-    print("not measured (plan-only)")
 
 # %% [markdown]
 # ## 3. The four break points, each against what the device consumes
@@ -136,8 +136,8 @@ if pipe:
     print(f"device consumption: {c['samples_per_s']:,.0f} samples/s (batch {c['batch']}, step {c['step_s'] * 1e3:.2f} ms "
           f"on {c['device']}); one worker preprocesses {r['preprocessing']['per_worker_samples_per_s']:,.0f} samples/s "
           f"({r['preprocessing']['per_sample_us']:.0f} us per sample) -> "
-          f"{M.workers_needed(c['samples_per_s'], r['preprocessing']['per_worker_samples_per_s'])} "
-          f"worker(s) for 1.2x")
+          f"{plural(M.workers_needed(c['samples_per_s'], r['preprocessing']['per_worker_samples_per_s']), 'worker')} "
+          "for 1.2x")
     bp = C.break_points(st, r["preprocessing"], r["assembly"], c, r["h2d"], r["cores"])
     ch.table(bp)
     ch.show("break_points", charts.headroom_bars(bp, "stage", title="Supply / consumption per stage (rule 1.2x)"))

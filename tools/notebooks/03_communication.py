@@ -40,6 +40,7 @@ from preflight import charts
 from preflight.chapter import start
 from preflight.chapters import communication as C
 from preflight.models import comm
+from preflight.numfmt import gb, gib, num, percent, plural, seconds
 
 ch = start("communication", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -81,19 +82,19 @@ p = C.add_plan_findings(ch.findings, prof)
 C.add_topology_finding(ch.findings, prof)
 ch.table(pd.DataFrame([
     {"quantity": "data-parallel ranks D", "value": f"{p['dp']}"},
-    {"quantity": "gradient buffer per rank S", "value": f"{p['buffer_bytes'] / 1e9:.3g} GB"},
-    {"quantity": "bytes sent per rank per step", "value": f"{p['bytes_per_rank'] / 1e9:.3g} GB"},
-    {"quantity": "placement", "value": f"{p['ranks_per_node']} rank(s) per node, {p['nodes']} node(s), "
-                                       f"{p['nics_per_node']} NIC(s) per node"},
-    {"quantity": "predicted bus bandwidth", "value": f"{p['busbw_GBps']:.3g} GB/s"},
-    {"quantity": "all-reduce per step (NCCL rings on the rails)", "value": f"{p['time_s']:.3g} s"},
-    {"quantity": "the field report's flat arithmetic (one NIC carries it all)", "value": f"{p['flat_s']:.3g} s"},
+    {"quantity": "gradient buffer per rank S (memory)", "value": gib(p["buffer_bytes"])},
+    {"quantity": "bytes sent per rank per step (on the wire)", "value": gb(p["bytes_per_rank"])},
+    {"quantity": "placement", "value": f"{plural(p['ranks_per_node'], 'rank')} per node, {plural(p['nodes'], 'node')}, "
+                                       f"{plural(p['nics_per_node'], 'NIC')} per node"},
+    {"quantity": "predicted bus bandwidth", "value": f"{num(p['busbw_GBps'])} GB/s"},
+    {"quantity": "all-reduce per step (NCCL rings on the rails)", "value": seconds(p["time_s"])},
+    {"quantity": "the field report's flat arithmetic (one NIC carries it all)", "value": seconds(p["flat_s"])},
     {"quantity": "latency: ring 2(D-1)α / tree 2·log2(D)·α",
-     "value": f"{p['ring_latency_s'] * 1e3:.3g} ms / {p['tree_latency_s'] * 1e3:.3g} ms"},
-    {"quantity": "compute per step", "value": f"{p['compute_s']:.3g} s"},
-    {"quantity": "communication / compute", "value": f"{p['ratio']:.2f}x"},
+     "value": f"{num(p['ring_latency_s'] * 1e3)} ms / {num(p['tree_latency_s'] * 1e3)} ms"},
+    {"quantity": "compute per step", "value": seconds(p["compute_s"])},
+    {"quantity": "communication / compute", "value": f"{num(p['ratio'])}x"},
     {"quantity": "efficiency: no overlap / full overlap",
-     "value": f"{p['efficiency_no_overlap']:.0%} / {p['efficiency_full_overlap']:.0%}"},
+     "value": f"{percent(p['efficiency_no_overlap'])} / {percent(p['efficiency_full_overlap'])}"},
 ]))
 
 # %%

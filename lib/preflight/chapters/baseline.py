@@ -11,6 +11,7 @@ from preflight import hardware
 from preflight.findings import FindingSink, judge
 from preflight.models import flops, scaling
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY, scaling_curve
+from preflight.numfmt import plural
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -274,7 +275,7 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
     if not judged:
         v, words = "info", f"CPU processes share the cores, not judged; on GPUs: {words}"
     nodes = [int(n) if pd.notna(n) else 1 for n in stages["nodes"]]
-    where = "on this machine" if max(nodes) <= 1 else f"on {nodes[0]} -> {nodes[-1]} node(s)"
+    where = "on this machine" if max(nodes) <= 1 else f"on {nodes[0]} -> {plural(nodes[-1], 'node')}"
     below = stages[stages["efficiency"] < STOP_RULE_EFFICIENCY]
     rule = (f"stop at {int(below.iloc[0]['world_size'])} and fix communication first" if len(below)
             else "go on to the next stage")

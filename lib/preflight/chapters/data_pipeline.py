@@ -7,6 +7,7 @@ import pandas as pd
 
 from preflight.findings import FindingSink, judge, worst
 from preflight.models import data as M
+from preflight.numfmt import plural
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -27,7 +28,7 @@ def listing_table(profile: Profile, measured_stat_s: float | None = None) -> pd.
     n_shards = M.shard_count(d.files, d.mean_file_kB, SHARD_MB)
     rows = []
     for storage, lat in M.METADATA_LATENCY.items():
-        rows.append({"storage": storage + (" (profile)" if storage == d.storage else ""),
+        rows.append({"storage": M.storage_label(storage) + (" (profile)" if storage == d.storage else ""),
                      "stat per file (ms)": lat.stat_s * 1e3,
                      "small files: listing (s)": M.listing_time_s(d.files, storage),
                      f"{SHARD_MB} MB shards: listing (s)": M.listing_time_s(n_shards, storage),
@@ -48,7 +49,7 @@ def add_listing_finding(sink: FindingSink, profile: Profile) -> None:
     v, words = judge(s, warn=LISTING_WARN_S, fail=LISTING_FAIL_S, higher_is_better=False, fmt="{:g} s")
     small = d.mean_file_kB / 1e3 < M.MIN_FILE_MB_PARALLEL_FS
     sink.add(id="data_pipeline/listing_s_at_profile", value=s, unit="s", verdict=v, threshold=words,
-             message=(f"Listing {d.files:,} files on {d.storage} costs about {s:,.0f} s ({s / 60:,.1f} min) at "
+             message=(f"Listing {d.files:,} files on {M.storage_label(d.storage)} costs about {s:,.0f} s ({s / 60:,.1f} min) at "
                       f"every start from one client, before a byte is read; as {n_shards:,} shards of "
                       f"{SHARD_MB} MB: {M.listing_time_s(n_shards, d.storage):,.2g} s. Mean file "
                       f"{d.mean_file_kB:g} kB" + (f", under the {M.MIN_FILE_MB_PARALLEL_FS} MB advised on a "
@@ -167,7 +168,7 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                              + "; the rule sizes for the cores, the measurement for this consumer: trust "
                                "the measurement)")
                           + (f"; one worker preprocesses {pipe.results['preprocessing']['per_worker_samples_per_s']:,.0f} "
-                             f"samples/s, so 1.2x the consumption needs {need} worker(s)." if need else ".")),
+                             f"samples/s, so 1.2x the consumption needs {plural(need, 'worker')}." if need else ".")),
                  fix=FIX_LOADER, source=src)
     sink.measured("data_pipeline/instrumentation_overhead", overhead, "fraction", _overhead_finding,
                   why_missing=why_missing,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from preflight.exercises import Exercise
+from preflight.numfmt import plural
 from preflight.profile import Profile
 
 GiB = 2 ** 30
@@ -132,8 +133,8 @@ def communication(profile: Profile) -> dict[str, Exercise]:
                             intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
                             nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
                             compute_s=compute_s, serial_s=serial_s)
-    link = (f"With {p.nics_per_node} NIC(s) of {c.inter_node_Gbps:g} Gb/s per node and {p.ranks_per_node} rank(s) "
-            "of the group per node" if p.link == "inter-node" else
+    link = (f"With {plural(p.nics_per_node, 'NIC')} of {c.inter_node_Gbps:g} Gb/s per node and "
+            f"{plural(p.ranks_per_node, 'rank')} of the group per node" if p.link == "inter-node" else
             f"Inside one node, at {c.intra_node_GBps:g} GB/s per GPU over NVLink")
     return {
         "volume": Exercise(

@@ -16,6 +16,7 @@ import pandas as pd
 
 from preflight.findings import FindingSink, judge
 from preflight.models import resilience as R
+from preflight.numfmt import duration, num, pct, plural, sci
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -60,25 +61,23 @@ def rates_table(p: dict) -> pd.DataFrame:
     """The plan under the profile's rate and under Llama 3's, side by side: ``p`` is what
     :func:`add_plan_findings` returns. The profile's column decides the verdicts."""
     q = p["llama3"]
-    rows = [("per-node daily failure probability", "{:.2g}", "p_node_day"),
-            ("P(at least one failure per day)", "{:.2%}", "p_day"),
-            ("P(at least one failure in the run)", "{:.1%}", "p_run"),
-            ("expected failures per run", "{:.2f}", "failures_run"),
-            ("system MTBF", "{:,.1f} h", "mtbf_h"),
-            ("optimal interval (Daly)", None, "daly_s"),
-            ("interval used", None, "interval_s"),
-            ("expected waste at that interval", "{:.2%}", "waste_plan")]
-    out = [{"quantity": name, "profile's rate": fmt.format(p[k]) if fmt else duration(p[k]),
-            "Llama 3's rate": fmt.format(q[k]) if fmt else duration(q[k])} for name, fmt, k in rows]
+    rows = [("per-node daily failure probability", sci, "p_node_day"),
+            ("P(at least one failure per day)", pct, "p_day"),
+            ("P(at least one failure in the run)", pct, "p_run"),
+            ("expected failures per run", num, "failures_run"),
+            ("system MTBF", _hours, "mtbf_h"),
+            ("optimal interval (Daly)", duration, "daly_s"),
+            ("interval used", duration, "interval_s"),
+            ("expected waste at that interval", pct, "waste_plan")]
+    out = [{"quantity": name, "profile's rate": fmt(p[k]), "Llama 3's rate": fmt(q[k])} for name, fmt, k in rows]
     out.append({"quantity": "waste verdict", "profile's rate": _waste_verdict(p)[0],
                 "Llama 3's rate": _waste_verdict(q)[0]})
     return pd.DataFrame(out)
 
 
-def duration(s: float) -> str:
-    if s != s or s == float("inf"):
-        return "unbounded"
-    return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
+def _hours(h: float) -> str:
+    """An MTBF in hours, as the finding's unit and the field's sayings state it: ``1,875 h``, ``49.5 h``."""
+    return f"{num(h)} h"
 
 
 def _interval_verdict(p: dict) -> tuple[str, str]:
@@ -121,8 +120,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              fix="A run that must not fail cannot be planned; a run that resumes can.", source=PROFILE_SOURCE)
     sink.add(id="fault_tolerance/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
              threshold="recorded for reference (Llama 3: one interruption every ~3 h on 16k GPUs)",
-             message=(f"System mean time between failures: {duration(p['mtbf_h'] * 3600)}; {at_llama}: "
-                      f"{duration(q['mtbf_h'] * 3600)} (exponential failures: MTBF = 24 h / (nodes x rate)). The "
+             message=(f"System mean time between failures: {_hours(p['mtbf_h'])}; {at_llama}: "
+                      f"{_hours(q['mtbf_h'])} (exponential failures: MTBF = 24 h / (nodes x rate)). The "
                       "profile's rate counts node failures only; Llama 3's counts every interruption (pre-emption, "
                       "file system, network included)."),
              fix=("Replace the assumed cluster.node_failure_per_day with your site's measured rate (interruptions per "
@@ -133,15 +132,23 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     v, words = _interval_verdict(p)
     plan_words = (f"the plan's {duration(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
                   if p["plan_s"] else "the plan names none: set training.checkpoint_interval_s")
-    sink.add(id="fault_tolerance/checkpoint_interval_s", value=p["daly_s"], unit="s", verdict=v, threshold=words,
-             message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {duration(p['mtbf_h'] * 3600)}: "
-                      f"{duration(p['daly_s'])} (Daly; Young's sqrt(2 C M) {duration(p['young_s'])}); {plan_words}. "
-                      f"{At_llama} (MTBF {duration(q['mtbf_h'] * 3600)}): {duration(q['daly_s'])}"
-                      + (f", the plan's interval {extra_q:+.2%} over it" if p["plan_s"] else "")
-                      + f" (verdict there: {_interval_verdict(q)[0]}). Both formulas assume exponential "
-                      "(memoryless) failures."),
+    sink.add(id="fault_tolerance/checkpoint_interval_opt_s", value=p["daly_s"], unit="s", verdict="info",
+             threshold="recorded for reference (Daly's optimum; Young's sqrt(2 C M) beside it)",
+             message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {_hours(p['mtbf_h'])}: "
+                      f"{duration(p['daly_s'])} (Daly; Young's sqrt(2 C M) {duration(p['young_s'])}). "
+                      f"{At_llama} (MTBF {_hours(q['mtbf_h'])}): {duration(q['daly_s'])}. Both formulas "
+                      "assume exponential (memoryless) failures."),
              fix=("Checkpoint at the optimum for your site's measured failure rate; lower C (asynchronous two-stage "
                   "saves) to shorten it."),
+             source=PROFILE_SOURCE)
+    sink.add(id="fault_tolerance/checkpoint_interval_extra_waste", value=extra if p["plan_s"] else None,
+             unit="fraction", verdict=v, threshold=words,
+             message=(f"Against the optimum of {duration(p['daly_s'])}, {plan_words}. {At_llama} (optimum "
+                      f"{duration(q['daly_s'])})"
+                      + (f": the plan's interval costs {extra_q:+.2%} over it" if p["plan_s"] else "")
+                      + f" (verdict there: {_interval_verdict(q)[0]})."),
+             fix=("Set training.checkpoint_interval_s near the optimum (fault_tolerance/checkpoint_interval_opt_s) "
+                  "for your site's measured failure rate; lower C (asynchronous two-stage saves) to shorten it."),
              source=PROFILE_SOURCE)
     v, words = _waste_verdict(p)
     sink.add(id="fault_tolerance/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
@@ -191,7 +198,7 @@ def _resume_finding(r: dict) -> dict:
     return dict(value=float(r["resume_bitwise"]), verdict="pass" if r["resume_bitwise"] else "fail",
                 threshold="pass = bitwise equal",
                 message=(f"Killed with SIGKILL after step {r['killed_after_step']}, resumed from the step "
-                         f"{r['checkpoint_step']} checkpoint ({r['steps_lost']} step(s) recomputed): the "
+                         f"{r['checkpoint_step']} checkpoint ({plural(r['steps_lost'], 'step')} recomputed): the "
                          f"{r['rows'][0]['steps_compared']} losses are "
                          + ("bit-for-bit those of the uninterrupted run. " if r["resume_bitwise"] else
                             "NOT those of the uninterrupted run. ")

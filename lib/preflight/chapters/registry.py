@@ -152,9 +152,18 @@ BY_NAME: dict[str, Chapter] = {c.name: c for c in CHAPTERS}
 # Finding-id prefixes published by earlier versions -> the current prefix (``preflight compare``).
 ID_PREFIX_ALIASES: dict[str, str] = {old: c.prefix for c in CHAPTERS for old in c.old_prefixes}
 
+# Whole finding ids renamed when what they report changed (after the prefix rename): old -> current.
+# ``checkpoint_interval_s`` reported the optimal interval while its verdict judged the extra waste of the
+# plan's interval; the finding now reports that extra waste (the optimum is ``checkpoint_interval_opt_s``).
+ID_ALIASES: dict[str, str] = {
+    "fault_tolerance/checkpoint_interval_s": "fault_tolerance/checkpoint_interval_extra_waste",
+}
+
 
 def current_id(finding_id: str) -> str:
-    """A finding id as this version names it: ``comm/allreduce_s`` -> ``communication/allreduce_s``;
-    ids already current (or of no known chapter) come back unchanged."""
+    """A finding id as this version names it: ``comm/allreduce_s`` -> ``communication/allreduce_s``,
+    ``resilience/checkpoint_interval_s`` -> ``fault_tolerance/checkpoint_interval_extra_waste``; ids
+    already current (or of no known chapter) come back unchanged."""
     prefix, sep, metric = finding_id.partition("/")
-    return f"{ID_PREFIX_ALIASES[prefix]}/{metric}" if sep and prefix in ID_PREFIX_ALIASES else finding_id
+    full = f"{ID_PREFIX_ALIASES[prefix]}/{metric}" if sep and prefix in ID_PREFIX_ALIASES else finding_id
+    return ID_ALIASES.get(full, full)

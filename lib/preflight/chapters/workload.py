@@ -15,6 +15,7 @@ from preflight.chapters import baseline as B
 from preflight.chapters import fault_tolerance as C
 from preflight.findings import FindingSink
 from preflight.models import states as S
+from preflight.numfmt import plural
 from preflight.profile import Profile
 from preflight.workload import label
 
@@ -146,7 +147,7 @@ def _by(r: dict) -> dict:
 def _grad_bytes_finding(r: dict) -> dict:
     by, world = _by(r), r["world_size"]
     ring = by["ddp_bucket_default"]["bytes_per_step_per_rank"]
-    sizes = "; ".join(f"{k.removeprefix('ddp_bucket_')} cap: {len(v)} bucket(s) of "
+    sizes = "; ".join(f"{k.removeprefix('ddp_bucket_')} cap: {plural(len(v), 'bucket')} of "
                       + ", ".join(f"{b / 1e6:.3g}" for b in v) + " MB" for k, v in r["buckets"].items())
     return dict(value=r["grad_bytes"], verdict="info", threshold="measured (DDP's own buckets, recorded by a comm hook)",
                 message=(f"{r['grad_bytes'] / 1e6:.4g} MB of gradients per step ({r['params']:,} trainable parameters); "
@@ -200,7 +201,7 @@ def _partition_finding(r: dict) -> dict:
     fix = "Profile every block, then split at the exact optimal contiguous boundaries."
     if not r.get("by_time"):
         return dict(value=None, verdict="info", threshold="recorded for reference", fix=fix,
-                    message=f"{len(r['blocks'])} block(s), {r['p']} stage(s): nothing to partition.")
+                    message=f"{plural(len(r['blocks']), 'block')}, {plural(r['p'], 'stage')}: nothing to partition.")
     names = [b["name"] for b in r["blocks"]]
 
     def cut(parts):
@@ -234,7 +235,7 @@ def add_fault_tolerance_findings(sink: FindingSink, resume, stall, why_missing: 
 def _resume_finding(r: dict) -> dict:
     head = (f"killed with SIGKILL after step {r['killed_after_step']}, resumed from the step {r['checkpoint_step']} "
             f"checkpoint (model, optimizer, generators; the batch stream replayed to step {r['checkpoint_step']}; "
-            f"{r['steps_lost']} step(s) recomputed): ")
+            f"{plural(r['steps_lost'], 'step')} recomputed): ")
     if r["resume_bitwise"]:
         body = f"the {r['rows'][0]['steps_compared']} losses are bit-for-bit those of the uninterrupted run."
     else:

@@ -63,6 +63,16 @@ METADATA_LATENCY: dict[str, StorageLatency] = {
 }
 
 
+# How a page names each storage type (the profile's ``data.storage`` values are the keys).
+STORAGE_LABELS = {"local_nvme": "local NVMe", "lustre": "Lustre", "gpfs": "GPFS", "nfs": "NFS",
+                  "object": "object storage"}
+
+
+def storage_label(storage: str) -> str:
+    """``local_nvme`` -> ``local NVMe``: the profile's storage key as a reader knows it."""
+    return STORAGE_LABELS.get(storage, storage)
+
+
 def latency(storage: str) -> StorageLatency:
     if storage not in METADATA_LATENCY:
         raise ValueError(f"storage = {storage!r}: accepted: {', '.join(METADATA_LATENCY)}")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import ipywidgets as W
 
 from preflight import charts
-from preflight.numfmt import duration, num, pct, sci
+from preflight.numfmt import duration, num, pct, plural, sci
 from preflight.widgets.core import explorer, readout
 
 _YEAR_S = 365.25 * 86400
@@ -46,10 +46,6 @@ def _points(x: float) -> str:
 def _one_in(x: float, per: str = "") -> str:
     """``1 in 10,500 days``: a small probability as odds."""
     return f"1 in {float(f'{1 / x:.3g}'):,.0f}{per}"
-
-
-def _plural(n: float, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def _round_end(value: float, up: bool) -> float:
@@ -120,7 +116,7 @@ def failure_explorer(p_node_day: float, nodes: int, days: int) -> W.VBox:
             "nodes": ("nodes", f"{n:,}"),
             "p_day": ("P(at least one node failure per day)",
                       pct(p_day) + (f" ({_one_in(p_day, ' days')})" if 0 < p_day < 0.01 else "")),
-            "p_run": (f"P(at least one failure in {_plural(days, 'day')})", pct(p_run)),
+            "p_run": (f"P(at least one failure in {plural(days, 'day')})", pct(p_run)),
             "mtbf_h": ("system MTBF", _hours(mtbf)),
             "failures_run": ("expected failures per run", num(F.run_failures(p, n, days))),
         })
