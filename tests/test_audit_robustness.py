@@ -175,8 +175,10 @@ def _report_counts(request):
 
 # -- two audits at once; an interrupted audit ---------------------------------------------------------
 
-def _audit(profile, out, *extra) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "preflight", "audit", str(profile), "--plan-only", "--out", str(out), *extra]
+def _audit(profile, out, *extra, plan_only: bool = True) -> subprocess.Popen:
+    """A plan-only audit runs its chapters in its own process; a measure-mode one in a kernel each."""
+    cmd = [sys.executable, "-m", "preflight", "audit", str(profile), *(["--plan-only"] if plan_only else []),
+           "--out", str(out), *extra]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -228,7 +230,7 @@ def test_two_audits_at_once_do_not_interfere(two_audits):
         assert {c["status"] for c in s["chapters"]} == {"ok"}
         index = (out / "index.html").read_text()
         assert "INCOMPLETE" not in index and other not in index
-        for nb in (out / "notebooks").glob("*.ipynb"):     # each kernel wrote into its own folder only
+        for nb in (out / "notebooks").glob("*.ipynb"):     # each audit wrote into its own folder only
             text = nb.read_text()
             assert str(out) in text and str(base / ("b" if k == "a" else "a")) + '"' not in text, nb
         assert not list(out.rglob("*.tmp")) and not list(out.rglob(".*.tmp"))
@@ -238,22 +240,25 @@ def test_two_audits_at_once_do_not_interfere(two_audits):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_interrupted_audit_leaves_no_complete_report(two_audits, tmp_path, sig):
+@pytest.mark.parametrize("in_process", [False, True], ids=["kernels", "in-process"])
+def test_interrupted_audit_leaves_no_complete_report(two_audits, tmp_path, sig, in_process):
     """Into a folder that holds a complete earlier report: stopped mid-run, the folder must not present
-    the old or a partial report as this run's."""
+    the old or a partial report as this run's. A measure-mode audit (quick) is stopped once chapter 1's
+    kernel is up; a plan-only one, which runs its chapters in its own process, as chapter 1 starts."""
     import shutil
 
     out = tmp_path / "o"
     shutil.copytree(two_audits[0] / "a", out)
     assert (out / "findings.json").exists() and (out / "01_baseline.html").exists()
-    p = _audit(EXAMPLE, out, "--chapters", "1,4")
+    p = _audit(EXAMPLE, out, "--chapters", "1,4", *([] if in_process else ["--quick"]), plan_only=in_process)
     for line in p.stdout:                       # chapter 1 has started ...
         if "chapter 1 baseline: running" in line:
             break
-    deadline = time.time() + 60                 # ... and its kernel is up
-    while not _children(p.pid) and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
+    if not in_process:
+        deadline = time.time() + 60             # ... and its kernel is up
+        while not _children(p.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
     kernels = _children(p.pid)
     p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=120)
@@ -268,7 +273,8 @@ def test_interrupted_audit_leaves_no_complete_report(two_audits, tmp_path, sig):
             assert "Traceback" not in stderr and "INCOMPLETE" in stderr
             assert "interrupted (Ctrl-C) after 0 of 2 chapters" in index
             time.sleep(1)
-            assert kernels and not any(_alive(k) for k in kernels), "the kernel must be stopped"
+            assert in_process or kernels, "a measure-mode audit runs chapter 1 in a kernel"
+            assert not any(_alive(k) for k in kernels), "the kernel must be stopped"
         else:
             assert p.returncode == -signal.SIGKILL
             assert "Audit in progress since" in index

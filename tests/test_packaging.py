@@ -126,3 +126,20 @@ def test_setup_keep_torch_refuses_an_environment_without_torch(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot import torch" in r.stderr and "make setup" in r.stderr
     assert not (venv / ".keep-torch").exists() and not (venv / ".installed").exists()
+
+
+def test_jsonschema_skips_the_grammar_compiling_iri_checker():
+    """``import preflight`` keeps jsonschema from loading rfc3987-syntax (39 lark grammars compiled at
+    import, 1.5-2.5 CPU-s in every kernel and command line; see preflight/__init__.py). Asserted on the
+    mechanism: after importing altair and nbformat the package is not loaded, and schema validation
+    (the findings schema, a notebook) still works."""
+    import sys
+
+    code = ("import sys, json, preflight, altair, nbformat, jsonschema\n"
+            "from preflight.findings import SCHEMA_PATH\n"
+            "assert sys.modules.get('rfc3987_syntax') is None, 'rfc3987_syntax was loaded'\n"
+            "jsonschema.Draft202012Validator.check_schema(json.loads(SCHEMA_PATH.read_text()))\n"
+            "nbformat.validate(nbformat.v4.new_notebook())\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

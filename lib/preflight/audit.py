@@ -1,9 +1,12 @@
 """The audit: run the chapter notebooks headlessly on a profile and collect their findings.
 
 The chapters (number, name, title) are those of ``preflight.chapters.registry``, one notebook
-``playbook/NN_<name>.ipynb`` each. papermill executes each chapter with the profile injected through
-its ``parameters`` cell, always with an execution timeout (a large widget output can hang nbclient).
-A chapter that raises is marked ``error`` and the others still run. Outputs, in ``out_dir``
+``playbook/NN_<name>.ipynb`` each, run with the profile injected after its ``parameters`` cell. A
+measure-mode audit executes each chapter with papermill in a kernel of its own, always with an execution
+timeout (a large widget output can hang nbclient). A plan-only audit (no live measurement) runs the same
+cells in this process instead (``preflight.inprocess``: one shell, libraries loaded once), which takes
+seconds, not the ~25 s of five kernel start-ups. A chapter that raises is marked ``error`` and the
+others still run. Outputs, in ``out_dir``
 (default ``reports/<project>/``)::
 
     index.html            the audit summary (preflight.report)
@@ -233,12 +236,20 @@ def _kernel_name() -> str:
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print,
-              workload: dict | None = None) -> dict:
+              workload: dict | None = None, executor: str = "auto") -> dict:
     """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
     Paths must be absolute: the notebooks run with the playbook folder as working directory.
-    ``workload``: what ``check_workload`` saw (the report's header names it)."""
+    ``workload``: what ``check_workload`` saw (the report's header names it). ``executor``: ``auto``
+    (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
+    ``inprocess``."""
+    from preflight import inprocess
     from preflight.device import probe
     from preflight.records import versions
+
+    if executor not in ("auto", "kernel", "inprocess"):
+        raise AuditInputError(f"executor = {executor!r}: accepted: auto, kernel, inprocess")
+    measuring = not plan_only and profile.measure
+    in_process = executor == "inprocess" or (executor == "auto" and not measuring and inprocess.available())
 
     available = discover(playbook)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +275,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
                     name, nb_path = available[num]
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
                         f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
-                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, km_class)
+                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s,
+                                       None if in_process else km_class)
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
                         f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}",
                         flush=True)
@@ -353,8 +365,8 @@ def _publish(summary: dict, out_dir: Path) -> None:
 
 def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict, playbook: Path,
                  timeout_s: int, km_class) -> ChapterRun:
-    """Execute one chapter notebook with papermill; its findings, plus one ``error`` finding if it raised."""
-    import papermill as pm
+    """Execute one chapter notebook, with papermill in a kernel (``km_class``) or, when ``km_class`` is
+    None, in this process; its findings, plus one ``error`` finding if it raised."""
 
     registered = BY_NAME.get(name)
     title = registered.heading if registered and registered.number == num else notebook_title(nb_path)
@@ -365,12 +377,20 @@ def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict
         old.unlink()
     t0 = time.perf_counter()
     try:
-        pm.execute_notebook(
-            str(nb_path), str(out_dir / run.notebook), kernel_name=_kernel_name(), language="python",
-            parameters=params | {"findings_path": str(findings_path)},
-            execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
-            log_output=False, request_save_on_cell_execute=False,
-            kernel_manager_class=km_class)
+        if km_class is None:
+            from preflight import inprocess
+
+            inprocess.execute_notebook(nb_path, out_dir / run.notebook, params | {"findings_path": str(findings_path)},
+                                       playbook, timeout_s)
+        else:
+            import papermill as pm
+
+            pm.execute_notebook(
+                str(nb_path), str(out_dir / run.notebook), kernel_name=_kernel_name(), language="python",
+                parameters=params | {"findings_path": str(findings_path)},
+                execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
+                log_output=False, request_save_on_cell_execute=False,
+                kernel_manager_class=km_class)
         run.status = "ok"
     except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
         run.status = "error"

@@ -16,6 +16,7 @@ Numbers are written by :mod:`preflight.numfmt`, one formatter for every page.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import html
 import json
@@ -261,26 +262,40 @@ def drop_notebook_only(nb) -> None:
         cell["outputs"] = kept
 
 
-_SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+# nbconvert writes an SVG output as an <img> of a base64 data URI, drawn at its own (small) size.
+_SVG_IMG = re.compile(r'<img\b[^>]*?\bsrc="data:image/svg\+xml;base64,([A-Za-z0-9+/=\s]+)"[^>]*>')
+
+
+def _inline_svg(match: re.Match, prefix: str) -> str:
+    """An SVG output inlined at the summary's scale, its ids scoped (``prefix``)."""
+    from preflight.report_index import scaled_svg
+
+    return scaled_svg(scoped_svg(base64.b64decode(match.group(1)).decode(), prefix))
+
+
+@functools.cache
+def _exporter():
+    """One exporter for every page: its templates are compiled once (five exporters compiled them five
+    times, ~0.3 s each)."""
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                        exclude_output_prompt=True)
 
 
 def chapter_html(notebook: Path, title: str) -> str:
     """A chapter page from its executed notebook: nbconvert's script-free ``basic`` template,
     inputs hidden (the executed notebook keeps the code), wrapped in the report's own page; without
     the notebook-only lines (:func:`drop_notebook_only`) and the "¶" link nbconvert puts after
-    every heading; its charts drawn at the summary's scale (``report_index.scaled_svg``), their ids
-    scoped per chart."""
+    every heading; its charts inlined at the summary's scale (``report_index.scaled_svg``), their
+    ids scoped per chart."""
     import nbformat
-    from nbconvert import HTMLExporter
-
-    from preflight.report_index import scaled_svg  # the charts at the size the summary draws them
 
     nb = nbformat.read(notebook, as_version=4)
     drop_notebook_only(nb)
-    body, _ = HTMLExporter(template_name="basic", exclude_input=True,
-                           exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    body, _ = _exporter().from_notebook_node(nb)
     n = iter(range(1, 10 ** 6))
-    body = _SVG.sub(lambda m: scaled_svg(scoped_svg(m.group(0), f"out{next(n)}")), body)
+    body = _SVG_IMG.sub(lambda m: _inline_svg(m, f"out{next(n)}"), body)
     nav = "<p class='meta'><a href='index.html'>&larr; audit summary</a></p>"
     return page(title, nav + playbook_links(_ANCHOR.sub("", body)))
 

@@ -1,0 +1,174 @@
+"""Plan-only chapters in this process: the notebooks' code cells run in one IPython shell, their outputs
+captured into the executed notebook, as papermill would have written it.
+
+Why: a plan-only audit computes formulas. Through papermill, each chapter starts its own kernel and
+imports torch, pandas and altair again: five kernels, about 25 s on a 2-core machine, most of it
+start-up. Here the libraries load once and each chapter runs in a fresh namespace of the same shell.
+The notebooks stay the chapters' source of truth: the same cells run, with the same parameters
+injected after the ``parameters`` cell, and the report's pages are rendered from the notebook written
+here. The measure-mode audit keeps a kernel per chapter (``preflight.audit``): live measurements start
+processes, take minutes, and need the per-cell timeout and Ctrl-C handling a kernel gives.
+
+What a cell shows is kept in order, as a kernel would send it: ``print`` (stream), ``display`` (display
+data; a ``display_id`` handle updates its output in place), the value of a last expression (execute
+result) and an exception (error output; the chapter then stops, as papermill stops it). A cell longer
+than ``timeout_s`` is stopped by SIGALRM (main thread only). Ctrl-C reaches the audit as
+KeyboardInterrupt, not as a chapter error.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+from pathlib import Path
+
+import nbformat
+
+
+class CellError(Exception):
+    """A chapter's cell raised: ``ename`` and ``evalue`` as papermill's error carries them."""
+
+    def __init__(self, ename: str, evalue: str):
+        super().__init__(f"{ename}: {evalue}")
+        self.ename, self.evalue = ename, evalue
+
+
+class _Outputs:
+    """The outputs of the running cell, in the order they happened."""
+
+    def __init__(self):
+        self.items: list = []
+        self.by_id: dict[str, dict] = {}
+
+    def stream(self, name: str, text: str) -> None:
+        if self.items and self.items[-1].get("output_type") == "stream" and self.items[-1]["name"] == name:
+            self.items[-1]["text"] += text
+        else:
+            self.items.append(nbformat.v4.new_output("stream", name=name, text=text))
+
+    def display(self, data: dict, metadata: dict | None, display_id: str | None, update: bool) -> None:
+        if update and display_id in self.by_id:
+            self.by_id[display_id].update(data=data, metadata=metadata or {})
+            return
+        out = nbformat.v4.new_output("display_data", data=data, metadata=metadata or {})
+        self.items.append(out)
+        if display_id:
+            self.by_id[display_id] = out
+
+
+class _Stream(io.TextIOBase):
+    def __init__(self, outputs: _Outputs, name: str):
+        self.outputs, self.name = outputs, name
+
+    def write(self, text: str) -> int:
+        if text:
+            self.outputs.stream(self.name, text)
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+
+def _shell():
+    """The process's one IPython shell with displays, results and tracebacks routed to ``_Outputs``."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kw):
+            self.shell.pf_outputs.display(data, metadata, (transient or {}).get("display_id"), update)
+
+        def clear_output(self, wait=False):
+            self.shell.pf_outputs.items.clear()
+
+    class Hook(DisplayHook):
+        def start_displayhook(self):
+            pass
+
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            self.shell.pf_outputs.items.append(nbformat.v4.new_output(
+                "execute_result", data=format_dict, metadata=md_dict or {},
+                execution_count=self.shell.execution_count))
+
+        def finish_displayhook(self):
+            pass
+
+    shell = InteractiveShell.instance(colors="nocolor", autocall=0, automagic=False)
+    shell.display_pub = Publisher(shell=shell, parent=shell)
+    shell.displayhook = Hook(shell=shell, cache_size=0, parent=shell)
+    shell.display_trap.hook = shell.displayhook
+
+    def showtraceback(etype, evalue, stb):
+        shell.pf_outputs.items.append(nbformat.v4.new_output(
+            "error", ename=etype.__name__, evalue=str(evalue), traceback=list(stb)))
+    shell._showtraceback = showtraceback
+    return shell
+
+
+def available() -> bool:
+    """Whether this process can run chapters itself: not inside an IPython session already (a notebook
+    calling ``run_audit`` keeps its own shell; the audit then starts kernels)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    return not InteractiveShell.initialized() or getattr(InteractiveShell.instance(), "pf_outputs", None) is not None
+
+
+def parameters_cell(params: dict):
+    """The cell papermill injects after the ``parameters`` cell: one assignment per parameter."""
+    src = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
+    return nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
+
+
+def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_s: int) -> None:
+    """Run ``src``'s code cells with ``parameters`` injected, in ``cwd``, and write the executed
+    notebook to ``dst`` (also when a cell raised: :class:`CellError` then, after writing)."""
+    nb = nbformat.read(src, as_version=4)
+    at = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1)
+    nb.cells.insert(at + 1, parameters_cell(parameters))
+    shell = _shell()
+    shell.reset(new_session=False)              # a fresh namespace per chapter, modules kept loaded
+    failed = None
+    old_cwd = os.getcwd()
+    os.chdir(cwd)
+    try:
+        for count, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
+            shell.pf_outputs = _Outputs()
+            shell.execution_count = count
+            result = _run_cell(shell, cell.source, timeout_s)
+            cell.outputs, cell.execution_count = shell.pf_outputs.items, count
+            if isinstance(result.error_in_exec, KeyboardInterrupt):
+                raise KeyboardInterrupt
+            err = result.error_before_exec or result.error_in_exec
+            if err is not None:
+                failed = CellError(type(err).__name__, str(err))
+                break
+    finally:
+        os.chdir(old_cwd)
+        nbformat.write(nb, dst)
+    if failed:
+        raise failed
+
+
+def _run_cell(shell, source: str, timeout_s: int):
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"cell timed out after {timeout_s} s")
+
+    try:
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+    except ValueError:                          # not the main thread: no timeout
+        previous = None
+    else:
+        signal.alarm(timeout_s)
+    try:
+        with contextlib.redirect_stdout(_Stream(shell.pf_outputs, "stdout")), \
+                contextlib.redirect_stderr(_Stream(shell.pf_outputs, "stderr")):
+            return shell.run_cell(source, store_history=False, silent=False)
+    finally:
+        if previous is not None:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
