@@ -28,24 +28,21 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from preflight import REPO
+from preflight import REPO, kernels
 from preflight.chapters.registry import BY_NAME, CHAPTERS
 from preflight.findings import VERDICT_RANK, Finding, read_findings, worst
 from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile
 
 PLAYBOOK = REPO / "playbook"
-KERNEL = "preflight"          # registered by `make setup` into the project's venv; python3 otherwise
 DEFAULT_TIMEOUT_S = 600       # per cell
 INTERRUPTED_EXIT = 130        # 128 + SIGINT, as a shell reports Ctrl-C
 _NB = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
@@ -134,105 +131,6 @@ def check_workload(profile: Profile, profile_path: Path, *, plan_only: bool = Fa
         raise AuditInputError(f"{err} (profile {profile_path}, field workload.entry)") from None
 
 
-def _kernel_manager_class(socket_dir: str, started: list):
-    """Kernels talk to the audit over Unix sockets in ``socket_dir`` (ipc), not TCP: nothing
-    listens on a port, and ipykernel has nothing to warn about. Each manager is appended to
-    ``started`` so that an interrupted audit can stop its kernel (``_stop_kernels``)."""
-    from jupyter_client.manager import AsyncKernelManager  # nbclient needs the async one for timeouts
-
-    class IPCKernelManager(AsyncKernelManager):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.transport = "ipc"
-            self.ip = str(Path(socket_dir) / "kernel")
-            started.append(self)
-
-    return IPCKernelManager
-
-
-def _stop_kernels(managers: list, wait: bool = True) -> None:
-    """Kill the kernels still running (and what they started: torchrun, loader workers) of a stopped
-    audit. Kernels run in their own session, so Ctrl-C in the terminal never reaches them. Only a
-    kernel not yet reaped is signalled: its process group cannot belong to anyone else."""
-    for km in managers:
-        prov = getattr(km, "provisioner", None)
-        proc = getattr(prov, "process", None)
-        if proc is None or proc.poll() is not None:
-            continue
-        try:
-            os.killpg(getattr(prov, "pgid", None) or proc.pid, signal.SIGKILL)
-            if wait:
-                proc.wait(timeout=10)       # reap it: no zombie while the audit winds down
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-
-
-def _trap_sigint(kernels: list):
-    """Ctrl-C: kill the running kernel at once, ignore further Ctrl-C during the cleanup, raise
-    KeyboardInterrupt. (Left to itself, nbclient's cleanup would ask the busy kernel to shut down, and
-    ipykernel prints a traceback on stderr.) Returns the previous handler, None off the main thread."""
-    def on_sigint(signum, frame):
-        _ignore_sigint()
-        _stop_kernels(kernels, wait=False)
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:
-        return None
-
-
-def _ignore_sigint() -> None:
-    """A second Ctrl-C while an interrupted audit cleans up would print a traceback: ignore it."""
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:                      # not the main thread
-        pass
-
-
-def _settle_event_loop(timeout_s: float = 15) -> None:
-    """Ctrl-C inside papermill leaves nbclient's tasks pending on this thread's event loop; at exit they
-    would run and print tracebacks ("Task exception was never retrieved"). Cancel them now, quietly."""
-    import asyncio
-    import logging
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            loop = asyncio.get_event_loop_policy().get_event_loop()     # the one jupyter_core's run_sync set
-        except RuntimeError:
-            return
-    if loop.is_closed() or loop.is_running():
-        return
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for t in pending:
-        t.cancel()
-    logging.disable(logging.CRITICAL)
-    try:
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=timeout_s))
-        for t in pending:
-            if t.done() and not t.cancelled():
-                t.exception()               # retrieved: nothing is logged when it is collected
-    except BaseException:  # noqa: BLE001 - best effort on the way out
-        pass
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def _kernel_name() -> str:
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL)
-        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve():
-            return KERNEL
-    except (NoSuchKernel, OSError, IndexError):
-        pass
-    return "python3"    # the native kernel of the running interpreter
-
-
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print,
@@ -264,26 +162,25 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
               "quick": quick, "interactive": False}
     started = time.perf_counter()
     runs: list[ChapterRun] = []
-    kernels: list = []
+    started_kernels: list = []   # managers of the kernels started (kernels.stop ends them)
     published = interrupted = False
-    previous_handler = _trap_sigint(kernels)
+    previous_handler = kernels.trap_sigint(started_kernels)
     try:
         with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
-            km_class = _kernel_manager_class(sockets, kernels)
+            km_class = None if in_process else kernels.manager_class(sockets, started_kernels)    # jupyter_client: 0.3 s
             try:
                 for i, num in enumerate(chapters, 1):
                     name, nb_path = available[num]
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
                         f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
-                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s,
-                                       None if in_process else km_class)
+                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, km_class)
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
                         f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}",
                         flush=True)
                     runs.append(run)
             except BaseException:       # Ctrl-C mid-chapter: no kernel left, no task pending
-                _stop_kernels(kernels)
-                _settle_event_loop()
+                kernels.stop(started_kernels)
+                kernels.settle_event_loop()
                 raise
 
         summary = {
@@ -307,7 +204,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
         published = True
     except KeyboardInterrupt:
         interrupted = True
-        _ignore_sigint()
+        kernels.ignore_sigint()
         if not published:
             for cut in [out_dir / "findings.json", *(h for h in out_dir.glob("*.html") if _PAGE.match(h.name))]:
                 cut.unlink(missing_ok=True)     # written by a publish step the interrupt cut short
@@ -383,14 +280,8 @@ def _run_chapter(num: int, name: str, nb_path: Path, out_dir: Path, params: dict
             inprocess.execute_notebook(nb_path, out_dir / run.notebook, params | {"findings_path": str(findings_path)},
                                        playbook, timeout_s)
         else:
-            import papermill as pm
-
-            pm.execute_notebook(
-                str(nb_path), str(out_dir / run.notebook), kernel_name=_kernel_name(), language="python",
-                parameters=params | {"findings_path": str(findings_path)},
-                execution_timeout=timeout_s, progress_bar=False, cwd=str(playbook),
-                log_output=False, request_save_on_cell_execute=False,
-                kernel_manager_class=km_class)
+            kernels.execute_notebook(nb_path, out_dir / run.notebook, params | {"findings_path": str(findings_path)},
+                                     playbook, timeout_s, km_class)
         run.status = "ok"
     except Exception as err:  # noqa: BLE001 - any chapter failure is reported, the rest still run
         run.status = "error"
