@@ -142,3 +142,11 @@ def test_not_measured_findings_in_plan_only():
     B.add_measured_scaling(sink, None, "")
     for f in sink.findings:
         assert f.value is None and f.verdict == "info" and f.message.startswith("not measured")
+
+
+def test_curve_table_reads_as_percent_and_words():
+    t = B.curve_table(B.plan_curve(load_profile(EXAMPLE), None))
+    assert list(t["GPUs"]) == [1, 8, 64, 512, 1024]
+    assert t["efficiency, no overlap"].iloc[-1] == "74.8%" and t["efficiency, measured"].iloc[-1] == "—"
+    assert set(t["stop rule (60%)"]) == {"— (model only)"}
+    assert not any("_" in c for c in t.columns)

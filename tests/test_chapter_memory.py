@@ -126,11 +126,11 @@ def test_memory_explorer_follows_the_sliders():
 
 def test_bubble_memory_table_gpipe_grows_1f1b_does_not():
     bm = MP.bubble_memory_table(load_profile(EXAMPLE), 4)
-    g = bm[bm["schedule"] == "gpipe"].set_index("m")["activations (GiB)"]
-    o = bm[bm["schedule"] == "1f1b"].set_index("m")["activations (GiB)"]
+    g = bm[bm["schedule"] == "GPipe"].set_index("m")["activations (GiB)"]
+    o = bm[bm["schedule"] == "1F1B"].set_index("m")["activations (GiB)"]
     assert g[32] > 7 * g[4] and o[32] == pytest.approx(o[4])
     assert all(math.isclose(b, (4 - 1) / (m + 4 - 1)) for b, m in
-               zip(bm.loc[bm["schedule"] == "1f1b", "bubble"], bm.loc[bm["schedule"] == "1f1b", "m"]))
+               zip(bm.loc[bm["schedule"] == "1F1B", "bubble"], bm.loc[bm["schedule"] == "1F1B", "m"]))
 
 
 def test_auto_capacity_reads_the_device_in_decimal_gb():

@@ -498,7 +498,7 @@ def test_readable_numbers():
 
     assert Wd._hours(1875) == "1,875 h (78.1 d)" and Wd._hours(0.00229) == "8.24 s" and Wd._hours(3.09) == "3.09 h"
     assert Wd._points(0.331) == "+33.1 points" and Wd._points(3e-12) == "≈0 (<0.001 points)"
-    assert Wd._plural(1, "day") == "1 day" and Wd._plural(2, "node") == "2 nodes"
+    assert Wd.plural(1, "day") == "1 day" and Wd.plural(2, "node") == "2 nodes"
 
 
 def test_rare_failures_leave_the_simulation_blind_and_the_readout_says_so():

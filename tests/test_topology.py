@@ -326,3 +326,10 @@ def test_nccl_other_formats():
     empty = nccl_log.parse_nccl_log("plain training output\nloss 2.31\n")
     assert empty["peers"] == [] and empty["version"] is None and nccl_log.nccl_summary(empty).empty
     assert "NCCL_DEBUG=INFO" in nccl_log.nccl_findings_text(empty)
+
+
+def test_layout_table_names_each_rule_in_words():
+    df = topo.layout_table(8, 128, tp=8, pp=1)
+    assert list(df.columns) == ["rule", "verdict", "detail"]
+    assert list(df["rule"]) == [topo.RULE_LABELS[r] for r in topo.RULES]
+    assert not df["rule"].str.contains("_").any() and df["verdict"].iloc[0] == "pass"

@@ -28,6 +28,7 @@ from preflight import hardware
 from preflight.chapters import memory_plan as MP
 from preflight.chapters.load_balance import BUBBLE_FAIL, BUBBLE_WARN
 from preflight.findings import judge
+from preflight.models import EFFICIENCY_RANGE
 from preflight.models import memory as M
 from preflight.models import throughput as T
 from preflight.models.pipeline import bubble_fraction
@@ -131,6 +132,11 @@ def _gpu_key(profile: Profile, gpu_key: str | None) -> str | None:
     return gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
 
 
+def usable_efficiency(value: float) -> bool:
+    """Whether a measured MFU can stand for the kernels' efficiency (``models.EFFICIENCY_RANGE``)."""
+    return EFFICIENCY_RANGE[0] <= value <= EFFICIENCY_RANGE[1]
+
+
 def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tuple[float, str]:
     """Chapter 1's measured MFU (``baseline/mfu``) from an audit's findings.json (or its folder), with
     where it comes from. ValueError, naming ``--mfu-from``, when there is none: a plan-only audit, a CPU
@@ -150,9 +156,9 @@ def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tu
         raise ValueError(f"--mfu-from = {str(audit)!r}: no MFU from chapter 1 there ({why}); MFU needs a "
                          "measure-mode audit on a GPU with a datasheet peak (or pass --efficiency)")
     value = float(f["value"])
-    if not 0.01 <= value <= 1.0:
+    if not usable_efficiency(value):
         raise ValueError(f"--mfu-from = {str(audit)!r}: baseline/mfu = {value:g}, outside the accepted "
-                         "0.01-1 of the peak")
+                         f"{EFFICIENCY_RANGE[0]:g}-{EFFICIENCY_RANGE[1]:g} of the peak")
     machine = summary.get("machine") or {}
     on = machine.get("label") or machine.get("name") or "an unnamed device"
     w = summary.get("workload")

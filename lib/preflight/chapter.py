@@ -43,6 +43,7 @@ class Chapter:
     out_dir: Path | None           # where this run's records go
     _device: object = None
     measurements: list = field(default_factory=list)   # where each measurement came from (``_log``)
+    _not_measured_said: set = field(default_factory=set)    # methods whose "not measured" note is shown
     profile_path: Path | None = None   # a workload's file entry is relative to it
     _workload: object = None
 
@@ -221,12 +222,23 @@ class Chapter:
         self._log(method, None, "live", m.source, problems, [r.get("_path") for r in recs])
         return m
 
-    @staticmethod
-    def _say_not_measured(method: Method) -> None:
-        """What a plan-only audit's section shows in place of its measured tables and charts."""
-        print(f"{method.name}: not measured in this plan-only audit. This section's measured tables and "
-              "charts appear in a measured audit (`make report`, or `audit --results DIR` with the record of "
-              "the README's standalone command); its finding reads \"not measured\".")
+    def _say_not_measured(self, method: Method) -> None:
+        self.not_measured(method)
+
+    def not_measured(self, method: Method, why: str | None = None) -> None:
+        """Say, where a section's tables and charts would be, that ``method`` was not measured: in a
+        plan-only audit (``why`` None) where the measurement comes from; else ``why``. In full once per
+        method and chapter, then as a short back-reference."""
+        if method.name in self._not_measured_said:
+            self.note(f"Not measured here either (method `{method.name}`, see above).")
+            return
+        self._not_measured_said.add(method.name)
+        if why:
+            self.note(f"**Not measured** (method `{method.name}`): {why}")
+            return
+        self.note(f"**Not measured in this plan-only audit** (method `{method.name}`). This section's tables "
+                  "and charts come from a live run (`make report`) or from a record of the README's standalone "
+                  "command (`audit --results DIR`); its finding reads \"not measured\".")
 
     def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
         """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record

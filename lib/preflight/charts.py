@@ -35,12 +35,9 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
         return vlc.vegalite_to_svg(fit_spec(chart.to_dict(validate=VALIDATE)))
 
 
-# Legend labels for people, from the models' column and term names (one home: the charts).
+# Legend labels for people, from the models' column names.
 SPEEDUP_LABELS = {"amdahl_speedup": "Amdahl (fixed problem)", "gustafson_speedup": "Gustafson (scaled problem)",
                   "ideal": "ideal (linear)"}
-MEMORY_TERM_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
-                      "activations": "activations (layers)", "activations_output": "activations (embedding, output)",
-                      "framework": "framework allowance"}
 
 
 def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = None,
@@ -80,7 +77,8 @@ def scaling_curve_chart(curve: pd.DataFrame, measured: pd.DataFrame | None = Non
     stop_rule = STOP_RULE_EFFICIENCY if stop_rule is None else stop_rule
     df = curve.melt("gpus", value_vars=["efficiency_no_overlap", "efficiency_overlap"],
                     var_name="bound", value_name="value")
-    df["bound"] = df["bound"].str.replace("efficiency_", "model, ")
+    df["bound"] = df["bound"].map({"efficiency_no_overlap": "model, no overlap (lower bound)",
+                                   "efficiency_overlap": "model, full overlap (upper bound)"})
     layers = [alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("gpus:Q", scale=alt.Scale(type="log", base=2), title="GPUs"),
         y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1.05]), axis=alt.Axis(format="%"),
@@ -333,10 +331,12 @@ def failure_prob_chart(p_node_day: float, nodes: int, days_max: int) -> alt.Laye
 
 def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None, title: str = "") -> alt.LayerChart:
     """One horizontal bar of per-GPU memory stacked by term (GiB), the GPU's memory as a rule."""
-    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"].map(lambda t: MEMORY_TERM_LABELS.get(t, t)),
+    from preflight.models.memory import TERM_LABELS
+
+    df = (pd.DataFrame({"plan": "per GPU", "term": terms["term"].map(lambda t: TERM_LABELS.get(t, t)),
                         "GiB": terms["bytes"] / GiB})
           if terms is not None else pd.DataFrame({"plan": ["per GPU"], "term": ["(no valid plan)"], "GiB": [0.0]}))
-    order = list(MEMORY_TERM_LABELS.values())
+    order = list(TERM_LABELS.values())
     top = max(float(df["GiB"].sum()), (capacity_bytes or 0) / GiB) * 1.05 or 1.0
     bars = alt.Chart(df).mark_bar(size=26).encode(
         y=alt.Y("plan:N", title=None), x=alt.X("sum(GiB):Q", title="GiB", scale=alt.Scale(domain=[0, top])),

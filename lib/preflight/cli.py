@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from preflight.models import EFFICIENCY_RANGE
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own errors: same format and exit code as ours
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--global-batch", type=_ranged("--global-batch", int, 1, 10_000_000, "sequences"),
                    help="sequences per optimizer step (1-10,000,000; default: the profile's mbs x m x dp)")
     eff = d.add_mutually_exclusive_group()
-    eff.add_argument("--efficiency", type=_ranged("--efficiency", float, 0.01, 1.0, "of peak"),
+    eff.add_argument("--efficiency", type=_ranged("--efficiency", float, *EFFICIENCY_RANGE, "of peak"),
                      help="share of the dense peak the kernels reach, e.g. chapter 1's measured MFU (0.01-1; "
                           "default 0.60)")
     eff.add_argument("--mfu-from", metavar="AUDIT",

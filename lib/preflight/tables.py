@@ -99,6 +99,8 @@ def frame_html(df) -> str:
                 tds.append(_td(x, raw=badge(x)))
             elif isinstance(x, str) and short_paths(x) != x:          # the whole path in the tooltip
                 tds.append(_td("", raw=f"<span title='{html.escape(x)}'>{html.escape(short_paths(x))}</span>"))
+            elif isinstance(x, str):                                   # messages, fixes: as the report writes them
+                tds.append(_td(x, raw=prose(x)))
             else:
                 tds.append(_td(cell(x), numeric=isinstance(x, Real) and not isinstance(x, bool)))
         rows.append("<tr>" + "".join(tds) + "</tr>")

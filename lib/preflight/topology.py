@@ -56,6 +56,8 @@ def rank_groups(gpus: int, gpus_per_node: int, tp: int = 1, pp: int = 1) -> pd.D
 
 
 RULES = ("tp_within_node", "dp_across_nodes", "pp_boundaries", "divisible")
+RULE_LABELS = {"tp_within_node": "tensor-parallel groups inside a node", "dp_across_nodes": "data-parallel groups "
+               "across nodes", "pp_boundaries": "pipeline stage boundaries", "divisible": "tp x pp divides the GPUs"}
 
 
 def check_layout(gpus_per_node: int, nodes: int, tp: int = 1, pp: int = 1) -> list[dict]:
@@ -86,10 +88,18 @@ def check_layout(gpus_per_node: int, nodes: int, tp: int = 1, pp: int = 1) -> li
     dp = gpus // (tp * pp) if divisible else 0
     d = (True, "pass", f"tp * pp = {tp * pp} divides {gpus} GPUs: dp = {dp}.") if divisible else \
         (False, "fail", f"tp * pp = {tp * pp} does not divide {gpus} GPUs ({nodes} x {gpn}).")
-    b = c = False, "info", "not evaluated: tp * pp does not divide the GPU count (see rule 'divisible')."
+    b = c = False, "info", "not evaluated: tp * pp does not divide the GPU count (see 'tp x pp divides the GPUs')."
     if divisible:
         b, c = _dp_rule(gpn, nodes, tp, pp, dp), _pp_rule(gpn, pp, tp * dp)
     return [{"rule": n, "ok": bool(r[0]), "verdict": r[1], "detail": r[2]} for n, r in zip(RULES, (a, b, c, d))]
+
+
+def layout_table(gpus_per_node: int, nodes: int, tp: int = 1, pp: int = 1):
+    """:func:`check_layout` as a table for people: the rule in words, its verdict and why."""
+    import pandas as pd
+
+    rows = check_layout(gpus_per_node, nodes, tp, pp)
+    return pd.DataFrame([{"rule": RULE_LABELS[r["rule"]], "verdict": r["verdict"], "detail": r["detail"]} for r in rows])
 
 
 def _dp_rule(gpn: int, nodes: int, tp: int, pp: int, dp: int) -> tuple:

@@ -275,7 +275,7 @@ if stages is not None:
     ch.table(stages)
 B.add_measured_scaling(ch.findings, stages, scal.source if scal else "not measured",
                        judged=stages is not None and not str(stages["unit"].iloc[0]).startswith("processes"))
-ch.table(curve)
+ch.table(B.curve_table(curve))
 ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve["efficiency_measured"].notna()]))
 
 # %% [markdown]
@@ -317,11 +317,12 @@ ch.show("scaling_curve", charts.scaling_curve_chart(curve, measured=curve[curve[
 
 # %%
 from preflight.chapters import memory_plan as MP
+from preflight.models.memory import TERM_LABELS
 
 mem = MP.add_plan_findings(ch.findings, prof, ch.device if prof.cluster.gpu == "auto" else None)
 if mem["terms"] is not None:
     mt = mem["terms"]
-    ch.table(pd.DataFrame({"term": mt["term"], "GiB": mt["GiB"].round(2), "formula": mt["formula"],
+    ch.table(pd.DataFrame({"term": mt["term"].map(TERM_LABELS), "GiB": mt["GiB"].round(2), "formula": mt["formula"],
                            "source": mt["source"]}))
     ch.show("memory_terms", charts.memory_bars(mt, mem["capacity"], title="Memory per GPU of the plan"))
     if mem["cheapest"] is not None and mem["capacity"] and mt["bytes"].sum() > mem["capacity"]:

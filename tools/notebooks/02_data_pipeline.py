@@ -145,6 +145,8 @@ if pipe:
         ch.note(f"Host-to-device copy: not applicable on the CPU ({r['h2d']['reason']}). On a GPU, pinned "
                 "memory + `non_blocking=True` lets the copy overlap with compute; pageable memory is staged "
                 "through a pinned buffer by the driver, synchronously.")
+else:
+    ch.not_measured(datapipe.METHOD)
 
 # %% [markdown]
 # ## 4. The loader tuner
@@ -172,7 +174,7 @@ def shards_dir():
 
 tune = ch.measurement(loadtune.TUNE, lambda: loadtune.measure_tune(
     shards_dir(), ch.torch_device, batch, pipe.results["consume"]["step_s"], pipe.results["dataset"]["shard_count"],
-    ch.device.is_gpu, quick=ch.quick)) if pipe else None
+    ch.device.is_gpu, quick=ch.quick)) if pipe or not ch.measure else None      # plan-only: says "not measured"
 if tune:
     t = tune.results
     print(f"{tune.source}; consumer: {t['consumer']}")
@@ -205,7 +207,7 @@ if tune:
 
 overhead = (ch.measurement(loadtune.OVERHEAD, lambda: loadtune.measure_overhead(
     shards_dir(), ch.torch_device, batch, pipe.results["consume"]["step_s"], tune.results["best"], quick=ch.quick))
-    if tune else None)
+    if tune or not ch.measure else None)
 if overhead:
     o = overhead.results
     print(f"bookkeeping {o['bookkeeping_s_per_step'] * 1e6:.1f} us per step = {o['bookkeeping_share_of_step']:.3%} "

@@ -287,8 +287,7 @@ ch.table(pd.DataFrame([
 # %%
 from preflight import topology
 
-ch.table(pd.DataFrame(topology.check_layout(prof.cluster.gpus_per_node, prof.cluster.nodes,
-                                            prof.training.tp, prof.training.pp)))
+ch.table(topology.layout_table(prof.cluster.gpus_per_node, prof.cluster.nodes, prof.training.tp, prof.training.pp))
 topo = topology.nvidia_smi_topo() if ch.measure and ch.device.is_gpu else None
 if topo is not None:
     print("nvidia-smi topo -m on this machine:")

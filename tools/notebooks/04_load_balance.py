@@ -290,6 +290,8 @@ if part:
         ch.table(pd.DataFrame({"partition": "by " + rk["partition"], "rank": rk["rank"],
                                "step (ms)": rk["step_s"] * 1e3, "busy (ms)": rk["busy_s"] * 1e3,
                                "idle (ms)": rk["idle_s"] * 1e3, "idle share": rk["idle_share"].map("{:.0%}".format)}))
+else:
+    ch.not_measured(bench_wlpipe.METHOD if wl else bench_pipeline.PARTITION)
 if wl:       # padding and the bubble are about the data and the schedule; the partition is the workload's
     from preflight.chapters import workload as W
 

@@ -49,12 +49,13 @@ from preflight.chapter import start
 from preflight.chapters import fault_tolerance as C
 from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as R
+from preflight.numfmt import sci
 
 ch = start("fault_tolerance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
 prof = ch.profile
 c, t = prof.cluster, prof.training
-print(f"project {prof.project}: {c.nodes} nodes x {c.gpus_per_node} GPUs, {c.node_failure_per_day:g} failures per "
+print(f"project {prof.project}: {c.nodes} nodes x {c.gpus_per_node} GPUs, {sci(c.node_failure_per_day)} failures per "
       f"node-day, {t.run_days:g}-day run, walltime {c.walltime_h:g} h, checkpoint write {t.checkpoint_write_s:g} s, "
       f"restart {t.restart_s:g} s")
 ch.announce()
@@ -78,7 +79,7 @@ shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5"
 # %%
 p5 = C.add_plan_findings(ch.findings, prof)
 ch.table(C.rates_table(p5))
-ch.table(R.reference_points())
+ch.table(C.reference_table())
 ch.show("failure_probability", charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))
 
 # %%
@@ -332,6 +333,10 @@ if shrink:
     ch.table(pd.DataFrame([{k: sr[k] for k in ("launcher", "world_before", "world_after", "killed_after_step",
                                               "resumed_from", "steps_lost", "recovery_s", "samples_lost",
                                               "samples_repeated", "before_change_equal", "after_change_equal")}]))
+else:
+    ch.not_measured(bench_elastic.SHRINK, "the audit never kills a node itself; it reads this measurement from "
+                    "a record: run `python -m preflight.bench.elastic --shrink --out results/` (on two Slurm "
+                    "nodes: the `sbatch` line above) and pass `--results results/`.")
 C.add_shrink_finding(ch.findings, shrink)
 
 # %% [markdown]

@@ -11,7 +11,7 @@ from preflight import hardware
 from preflight.findings import FindingSink, judge
 from preflight.models import flops, scaling
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY, scaling_curve
-from preflight.numfmt import plural
+from preflight.numfmt import percent, plural
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -292,6 +292,19 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
              source=source)
 
 
+def curve_table(curve: pd.DataFrame) -> pd.DataFrame:
+    """The staged scaling curve (``plan_curve``) for people: efficiencies in percent, the stop rule in
+    words (it speaks about a measured stage only)."""
+    pct = lambda x: "—" if x is None or x != x else percent(x)
+    return pd.DataFrame({
+        "GPUs": curve["gpus"], "link": curve["link"], "all-reduce (NCCL rings, s)": curve["comm_s"],
+        "the field report's flat arithmetic (s)": curve["flat_comm_s"], "bus bandwidth (GB/s)": curve["busbw_GBps"],
+        "efficiency, no overlap": curve["efficiency_no_overlap"].map(pct),
+        "efficiency, full overlap": curve["efficiency_overlap"].map(pct),
+        "efficiency, measured": curve["efficiency_measured"].map(pct), "curve from": curve["source"],
+        f"stop rule ({STOP_RULE_EFFICIENCY:.0%})": curve["stop_rule"].fillna("— (model only)")})
+
+
 def layout_advice(profile: Profile, sink: FindingSink, gpu_key: str | None = None,
                   capacity: float | None = None) -> dict | str:
     """The advisor's ranking for the chapter (``preflight.advisor.advise``), at this chapter's measured
@@ -300,7 +313,7 @@ def layout_advice(profile: Profile, sink: FindingSink, gpu_key: str | None = Non
     from preflight import advisor
 
     measured = next((f for f in sink.findings if f.id == "baseline/mfu" and f.value is not None), None)
-    eff = float(measured.value) if measured is not None and 0.01 <= measured.value <= 1 else None
+    eff = float(measured.value) if measured is not None and advisor.usable_efficiency(measured.value) else None
     try:
         return advisor.advise(profile, efficiency=eff, gpu_key=gpu_key, capacity=capacity,
                               efficiency_source="this chapter's measured MFU (section 3)" if eff else None)

@@ -57,6 +57,14 @@ def plan(profile: Profile, p_node_day: float | None = None) -> dict:
             "walltime_ratio": R.walltime_fit(chosen, c.walltime_h)}
 
 
+def reference_table() -> pd.DataFrame:
+    """``resilience.reference_points`` for people: the rates as the chart writes them, shares in %."""
+    ref = R.reference_points()
+    fmt = {"per-node daily failure probability": sci, "failures per day": num, "P(failure per day)": pct,
+           "MTBF (h)": num, "nodes": lambda n: f"{n:,}"}
+    return ref.assign(**{k: ref[k].map(f) for k, f in fmt.items()})
+
+
 def rates_table(p: dict) -> pd.DataFrame:
     """The plan under the profile's rate and under Llama 3's, side by side: ``p`` is what
     :func:`add_plan_findings` returns. The profile's column decides the verdicts."""
@@ -109,14 +117,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     gpu_h = profile.gpus * t.run_days * 24
     sink.add(id="fault_tolerance/failure_prob_day", value=p["p_day"], unit="probability", verdict="info",
              threshold="recorded for reference (1-(1-p)^N)",
-             message=(f"{c.nodes} nodes at {c.node_failure_per_day:g} failures per node-day: at least one node fails "
-                      f"on {p['p_day']:.2%} of days (1e-4 x 1000 nodes: 9.5 %/day); {at_llama}: {q['p_day']:.2%}."),
+             message=(f"{plural(c.nodes, 'node')} at {sci(c.node_failure_per_day)} failures per node-day: at least one node "
+                      f"fails on {pct(p['p_day'])} of days; {at_llama}: {pct(q['p_day'])}. (The field report's "
+                      f"case, {sci(R.FIELD['p_node_day'])} on {R.FIELD['nodes']:,} nodes: "
+                      f"{pct(R.failure_prob(R.FIELD['p_node_day'], R.FIELD['nodes']))} of days.)"),
              fix="Plan for failure: checkpoint, resume automatically, restart elastically.", source=PROFILE_SOURCE)
     sink.add(id="fault_tolerance/failure_prob_run", value=p["p_run"], unit="probability", verdict="info",
              threshold="recorded for reference",
-             message=(f"Over the {t.run_days:g}-day run: {p['p_run']:.1%} chance of at least one failure, "
-                      f"{p['failures_run']:.2g} failures expected; {at_llama}: {q['p_run']:.1%}, "
-                      f"{q['failures_run']:.2g} expected."),
+             message=(f"Over the {t.run_days:g}-day run: {pct(p['p_run'])} chance of at least one failure, "
+                      f"{num(p['failures_run'])} failures expected; {at_llama}: {pct(q['p_run'])}, "
+                      f"{num(q['failures_run'])} expected."),
              fix="A run that must not fail cannot be planned; a run that resumes can.", source=PROFILE_SOURCE)
     sink.add(id="fault_tolerance/mtbf_h", value=p["mtbf_h"], unit="h", verdict="info",
              threshold="recorded for reference (Llama 3: one interruption every ~3 h on 16k GPUs)",
@@ -152,10 +162,10 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              source=PROFILE_SOURCE)
     v, words = _waste_verdict(p)
     sink.add(id="fault_tolerance/expected_waste", value=p["waste_plan"], unit="fraction", verdict=v, threshold=words,
-             message=(f"At a {duration(p['interval_s'])} interval, {p['waste_plan']:.2%} of the run goes to checkpoint "
+             message=(f"At a {duration(p['interval_s'])} interval, {pct(p['waste_plan'])} of the run goes to checkpoint "
                       f"writes, recomputed work and restarts ({p['R']:g} s each): {p['waste_plan'] * gpu_h:,.0f} "
                       f"of {gpu_h:,.0f} GPU-hours (Daly's exponential model; the chapter checks it by simulation); "
-                      f"{at_llama}, at a {duration(q['interval_s'])} interval: {q['waste_plan']:.2%} "
+                      f"{at_llama}, at a {duration(q['interval_s'])} interval: {pct(q['waste_plan'])} "
                       f"({q['waste_plan'] * gpu_h:,.0f} GPU-hours, verdict there: {_waste_verdict(q)[0]})."),
              fix="Faster checkpoints (async, local first), faster restarts (elastic, warm spares).",
              source=PROFILE_SOURCE)
@@ -167,7 +177,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
                       + f" The {t.run_days:g}-day run needs at least {math.ceil(t.run_days * 24 / c.walltime_h)} "
                       f"allocations, each with a restart; the last stretch of each is lost unless the walltime "
                       f"signal triggers a save. {At_llama}: interval {duration(q['interval_s'])}, ratio "
-                      f"{q['walltime_ratio']:.2g} (verdict there: {_walltime_verdict(q)[0]})."),
+                      f"{num(q['walltime_ratio'])} (verdict there: {_walltime_verdict(q)[0]})."),
              fix="Trap the scheduler's warning (sbatch --signal=B:USR1@<s>), save, requeue: "
                  "preflight/slurm/walltime_requeue.sbatch.", source=PROFILE_SOURCE)
     return {**p, "llama3": q}

@@ -11,7 +11,8 @@ from preflight.hardware import CHIPS
 from preflight.models import memory as M
 from preflight.models import memory_fit as MF
 from preflight.models import states as S
-from preflight.numfmt import gib
+from preflight.models.pipeline import SCHEDULE_LABELS
+from preflight.numfmt import gib, num
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -92,7 +93,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
                    f"{t.framework}, no ZeRO: a full copy on each of the dp={profile.dp} ranks")
     shape_params = S.model_params(m.layers, m.hidden, m.n_heads, m.vocab, m.kv_heads, m.ffn_hidden, m.mlp)
     for fid, key in (("memory_weights", "weights"), ("memory_grads", "gradients"), ("memory_optimizer", "optimizer")):
-        extra = (f" model.params = {m.params:.4g}; the layer shapes give {shape_params:.4g} "
+        extra = (f" model.params = {num(m.params)}; the layer shapes give {num(shape_params)} "
                  f"({S.params_formula(m.mlp)})." if key == "weights" else "")
         sink.add(id=f"baseline/{fid}", value=by[key], unit="bytes", verdict="info", threshold="recorded for reference",
                  message=(f"{S.describe(t.framework, key)}: {gib(by[key])} per GPU = {formula[key]} "
@@ -185,7 +186,7 @@ def bubble_memory_table(profile: Profile, p: int, ms=(4, 8, 16, 32)) -> pd.DataF
                 continue
             terms = M.terms(plan)
             act = float(terms.loc[terms["term"].str.startswith("activations"), "bytes"].sum())
-            rows.append({"schedule": schedule + (f" v={v}" if v > 1 else ""), "p": p, "m": m,
+            rows.append({"schedule": SCHEDULE_LABELS[schedule] + (f" v={v}" if v > 1 else ""), "p": p, "m": m,
                          "bubble": bubble_fraction(p, m, v), "activations (GiB)": act / GiB,
                          "total (GiB)": float(terms["bytes"].sum()) / GiB})
     return pd.DataFrame(rows)

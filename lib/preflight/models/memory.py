@@ -52,6 +52,11 @@ from . import states as S
 from .activations import ATTENTION, MLP, RECOMPUTE
 from .pipeline import SCHEDULES, activation_memory_microbatches
 
+# How a page names each term of the plan (the chart's legend, the chapter's table).
+TERM_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
+               "activations": "activations (layers)", "activations_output": "activations (embedding, output)",
+               "framework": "framework allowance"}
+
 __all__ = ["ATTENTION", "MLP", "RECOMPUTE", "Plan", "fits", "layer_activation_bytes", "terms", "total_bytes"]
 
 GiB = 2 ** 30

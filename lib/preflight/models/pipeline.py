@@ -21,6 +21,7 @@ from __future__ import annotations
 import pandas as pd
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULE_LABELS = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1"}
 
 
 def _check_pmv(p: int, m: int, v: int = 1) -> None:
