@@ -141,7 +141,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     extra, extra_q = p["waste_plan"] - p["waste_opt"], q["waste_plan"] - q["waste_opt"]
     v, words = _interval_verdict(p)
     plan_words = (f"the plan's {duration(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
-                  if p["plan_s"] else "the plan names none: set training.checkpoint_interval_s")
+                  if p["plan_s"] else "the plan names no interval, so its extra waste is unknown: set "
+                  "training.checkpoint_interval_s")
     sink.add(id="fault_tolerance/checkpoint_interval_opt_s", value=p["daly_s"], unit="s", verdict="info",
              threshold="recorded for reference (Daly's optimum; Young's sqrt(2 C M) beside it)",
              message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {_hours(p['mtbf_h'])}: "
