@@ -170,7 +170,7 @@ def test_advisor_table_marks_the_profiles_plan():
     prof = load_profile(EXAMPLE)
     cands = advisor.advise(prof)["candidates"]
     t = advisor.table(prof, cands, top=3)
-    assert len(t) == 4 and list(t["rank"][:3]) == [1, 2, 3]
+    assert len(t) == 4 and list(t["rank"][:3]) == ["1", "2", "3"]
     mine = t.iloc[3]
     assert mine["layout"].endswith("(the profile's plan)") and "does not fit" in mine["memory per GPU"]
-    assert mine["rank"] == cands.index(advisor.own_plan(prof, cands)) + 1
+    assert not advisor.own_plan(prof, cands)["fits"] and mine["rank"] == "— (does not fit)"     # not ranked

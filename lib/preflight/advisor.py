@@ -281,7 +281,7 @@ def table(profile: Profile, candidates: list[dict], top: int = 5):
     mine = own_plan(profile, candidates)
     shown = candidates[:top] + ([mine] if mine is not None and mine not in candidates[:top] else [])
     return pd.DataFrame([{
-        "rank": candidates.index(c) + 1 if c in candidates else None,
+        "rank": f"{candidates.index(c) + 1:,}" if c["fits"] else "— (does not fit)",
         "layout": label(c) + ("  (the profile's plan)" if c is mine else ""),
         "memory per GPU": f"{gib(c['memory_per_gpu_bytes'])} ({c['memory_ratio']:.0%})" + ("" if c["fits"] else ", does not fit"),
         "bubble": f"{c['bubble_fraction']:.1%}",

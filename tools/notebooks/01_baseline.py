@@ -18,8 +18,8 @@
 #    8 / 64 / 512 / target GPUs, with the stop rule.
 #
 # **Time:** about 1 minute on a 2-core CPU (measured: 51-60 s in the audit; the first torch.compile is
-# most of it). On a GPU node: not timed yet (no GPU on the project's test machines); the sizes grow on a
-# GPU, so expect a similar order. With `plan_only = True` only the formulas run (about 10 s).
+# most of it). On a GPU node the sizes grow with the device, so expect a similar order (not timed on a
+# GPU yet). With `plan_only = True` only the formulas run (about 10 s).
 
 # %%
 # parameters: the audit (papermill) overrides these; in JupyterLab edit them here.
@@ -396,8 +396,10 @@ advice = B.layout_advice(prof, ch.findings, ch.gpu_key if prof.cluster.gpu == "a
 if isinstance(advice, str):
     print(f"No ranking: {advice}")
 else:
-    print(f"{len(advice['candidates'])} layouts, {advice['fitting']} fit; efficiency {advice['efficiency']:.0%} "
-          f"({advice['efficiency_source']}); global batch {advice['global_batch']} sequences.")
+    print(f"{len(advice['candidates']):,} layouts, {advice['fitting']:,} fit; kernel efficiency "
+          f"{advice['efficiency']:.0%} of the peak while computing ({advice['efficiency_source']}); global batch "
+          f"{advice['global_batch']:,} sequences. MFU counts the whole step, so it is lower: the serial part, "
+          "exposed communication, the bubble and recompute's extra forward take their share.")
     ch.table(advisor.table(prof, advice["candidates"], top=5))
     fits = [c for c in advice["candidates"] if c["fits"]]
     ch.show("layouts", charts.layouts_chart(fits[:8], advisor.own_plan(prof, advice["candidates"]),

@@ -130,8 +130,8 @@ else:
 # parallelism crosses from the second node on. In a Slurm allocation of two nodes,
 # `sbatch --nodes=2 slurm/torchrun_nodes.sbatch preflight.bench.allreduce --out results/` runs the same
 # sweep with one torchrun per node; `--results results/` shows it below, next to the single-node one.
-# The record keeps every rank's host: the test suite runs it on two Slurm nodes that share one host
-# (loopback, not a network), and the finding says so.
+# The record keeps every rank's host, so a run whose "nodes" share one host (loopback, not a network:
+# Preflight's own two-node Slurm test is one) is named as such in the finding.
 
 # %%
 from preflight.bench import allreduce as bench_allreduce

@@ -60,6 +60,18 @@ def implied_mfu(profile: Profile, gpu_key: str | None) -> dict:
             "compute_s": compute_s, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak)}
 
 
+def _times(k: float) -> str:
+    return {1: "once", 2: "twice"}.get(k, f"{k:g} times")
+
+
+def _speedup_judge(speedup: float, n: int) -> tuple[str, str]:
+    """A speedup at ``n`` GPUs judged on its efficiency S(N)/N, the bounds written as speedups (the
+    number shown is the one the threshold speaks about)."""
+    v, words = judge(speedup, warn=EFFICIENCY_WARN * n, fail=STOP_RULE_EFFICIENCY * n, fmt="{:,.4g}x")
+    return v, (f"{words} (efficiency S(N)/N {EFFICIENCY_WARN:.0%} and {STOP_RULE_EFFICIENCY:.0%} of the "
+               f"{n:,} target GPUs)")
+
+
 def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                       gpu_key: str | None = None) -> None:
     """Scaling law, implied MFU and the staged curve at the target. ``gpu_key``: the hardware-table key of
@@ -72,7 +84,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     verdict, words = judge(ceiling, warn=AMDAHL_PASS_FACTOR * n, fail=AMDAHL_FAIL_FACTOR * n, fmt="{:g}x")
     bound = "without bound (no serial part)" if ceiling == float("inf") else f"more than {ceiling:.3g}x faster"
     sink.add(id="baseline/amdahl_max_speedup", value=ceiling, unit="x", verdict="info" if weak else verdict,
-             threshold=f"{words} (x{AMDAHL_PASS_FACTOR} and x{AMDAHL_FAIL_FACTOR} the {n} target GPUs); {decides}",
+             threshold=f"{words} ({_times(AMDAHL_PASS_FACTOR)} and {_times(AMDAHL_FAIL_FACTOR)} the {n:,} target GPUs); "
+                       f"{decides}",
              message=(f"If this step ({ts:g} s serial, {tc:g} s parallel) were a fixed amount of work, no number of "
                       f"GPUs could run it {bound} (Amdahl, 1 + Tc/Ts)."
                       + (" The plan keeps the per-GPU batch instead, so Gustafson's law applies "
@@ -82,9 +95,9 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
              source=PROFILE_SOURCE)
 
     s = scaling.amdahl_speedup(ts, tc, n)
-    v, words = judge(s / n, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
+    v, words = _speedup_judge(s, n)
     sink.add(id="baseline/amdahl_speedup_at_target", value=s, unit="x", verdict="info" if weak else v,
-             threshold=f"efficiency S(N)/N: {words}; {decides}",
+             threshold=f"{words}; {decides}",
              message=f"Strong scaling (fixed global batch) to {n} GPUs gives at most {s:.3g}x ({s / n:.1%} "
                      f"efficiency) with this serial share ({scaling.serial_fraction(ts, tc):.1%}).",
              fix="Shrink the serial share per step, or scale the batch with the GPUs (weak scaling, "
@@ -94,9 +107,9 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     gs, gc = profile.gpu_step_s
     frac = scaling.serial_fraction(gs, gc)
     g = scaling.gustafson_speedup(frac, n)
-    v, words = judge(g / n, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
+    v, words = _speedup_judge(g, n)
     sink.add(id="baseline/gustafson_speedup_at_target", value=g, unit="x", verdict=v if weak else "info",
-             threshold=f"efficiency S(N)/N: {words}; " + ("decides (training.scaling: weak)" if weak else
+             threshold=f"{words}; " + ("decides (training.scaling: weak)" if weak else
                                                           "info: the profile scales strongly"),
              message=(f"With the per-GPU batch fixed, {n} GPUs do {n}x the work in one step; the serial "
                       f"{gs:g} s of each {gs + gc:.3g} s step ({frac:.1%}) costs the same share at every scale: "
