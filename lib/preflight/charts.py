@@ -7,11 +7,13 @@ and the report alike. ``use_offline_renderer()`` switches Altair globally; chapt
 """
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 
 from preflight.chartfit import fit_spec, text_px
-from preflight.numfmt import GiB, num, sci
+from preflight.numfmt import GiB, num, plural, sci
 
 
 def use_offline_renderer() -> None:
@@ -52,7 +54,7 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
                  if 2 ** (k / 4) <= n_max} | {n_max})
     df = speedup_table(ts, tc, ns).rename(columns=SPEEDUP_LABELS).melt("N", var_name="model", value_name="speedup")
     base = alt.Chart(df).mark_line(point=False).encode(
-        x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="workers N",
+        x=alt.X("N:Q", scale=alt.Scale(type="log", base=2), title="GPUs N",
                 axis=alt.Axis(labelOverlap="greedy")),
         y=alt.Y("speedup:Q", scale=alt.Scale(type="log", base=2), title="speedup"),
         color=alt.Color("model:N", title=None),
@@ -60,11 +62,19 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
     layers = [base]
     ceiling = amdahl_ceiling(ts, tc)
     if ceiling != float("inf"):
-        layers.append(alt.Chart(pd.DataFrame({"y": [ceiling]})).mark_rule(color="black", strokeDash=[6, 3])
-                      .encode(y="y:Q"))
+        c = pd.DataFrame({"y": [ceiling], "N": [1], "label": [f"Amdahl ceiling {ceiling:.3g}x"]})
+        layers += [alt.Chart(c).mark_rule(color="black", strokeDash=[6, 3]).encode(y="y:Q"),
+                   alt.Chart(c).mark_text(align="left", baseline="bottom", dx=3, dy=-2, fontSize=10).encode(
+                       x="N:Q", y="y:Q", text="label:N")]
     if n_mark:
-        layers.append(alt.Chart(pd.DataFrame({"N": [n_mark]})).mark_rule(color="#546e7a",
-                                                                          strokeDash=[2, 2]).encode(x="N:Q"))
+        # the label at the top, on the side of the rule with room (log scale: compare exponents)
+        right_half = math.log2(max(n_mark, 1)) > math.log2(max(ns[-1], 2)) / 2
+        t = pd.DataFrame({"N": [n_mark], "speedup": [float(df["speedup"].max())],
+                          "label": [f"target: {plural(n_mark, 'GPU')}"]})
+        layers += [alt.Chart(t).mark_rule(color="#546e7a", strokeDash=[2, 2]).encode(x="N:Q"),
+                   alt.Chart(t).mark_text(align="right" if right_half else "left", baseline="top",
+                                          dx=-3 if right_half else 3, dy=2, fontSize=10, color="#37474f").encode(
+                       x="N:Q", y="speedup:Q", text="label:N")]
     title = f"Amdahl{f' ({source})' if source else ''}: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
     return alt.layer(*layers).properties(width=420, height=260, title=title)
 
@@ -150,16 +160,17 @@ def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
 
 def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
            log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = "~s",
-           rule_x: float | None = None) -> alt.LayerChart:
+           rule_x: float | None = None, x_title: str | None = None) -> alt.LayerChart:
     """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``; with
     their points marked when no series has more than 12 (a series of one point is then still seen).
-    ``rule_x``: a threshold the title names (the 1.2x rule), drawn red and dashed as in ``headroom_bars``."""
-    sx = alt.Scale(type="log") if log_x else alt.Scale()
+    ``rule_x``: a threshold the title names (the 1.2x rule), drawn red and dashed as in ``headroom_bars``.
+    A log x axis spans the data (not the next powers of ten), its end points drawn whole."""
+    sx = alt.Scale(type="log", nice=False, padding=8) if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     xaxis = alt.Axis(format=x_format, labelOverlap="greedy") if log_x else alt.Axis()
     few = int(df.groupby(color).size().max()) <= 12 if len(df) else False     # a one-point series is a dot
-    layers = [alt.Chart(df).mark_line(point=few).encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis),
+    layers = [alt.Chart(df).mark_line(point=few).encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis, title=x_title or x),
                                                y=alt.Y(f"{y}:Q", scale=sy, axis=axis),
                                                color=alt.Color(f"{color}:N", title=None))]
     if mark_x is not None:      # same field name as the axis: the axis title stays clean
@@ -377,4 +388,4 @@ def layouts_chart(rows: list[dict], own: dict | None, efficiency: float) -> alt.
         color=alt.Color("who:N", title=None, scale=alt.Scale(domain=shown, range=[colours[k] for k in shown])),
         tooltip=["layout", alt.Tooltip("tokens/s per GPU:Q", format=",.0f"), alt.Tooltip("MFU:Q", format=".1%")],
     ).properties(width=300, height=alt.Step(18),
-                 title=f"The fastest layouts that fit{plan}, by predicted tokens/s per GPU (efficiency {efficiency:.0%})")
+                 title=f"Fastest layouts that fit{plan} (kernel efficiency {efficiency:.0%})")

@@ -173,7 +173,8 @@ bm = MP.bubble_memory_table(prof, mp)
 if len(bm):
     ch.table(bm.assign(bubble=bm["bubble"].map("{:.1%}".format)).round(2))
     ch.show("bubble_memory", charts.curves(bm, "m", "activations (GiB)", "schedule", log_x=True, log_y=False,
-                                           x_format="~g", title=f"Activation memory of the fullest stage, p={mp} "
+                                           x_format="~g", x_title="micro-batches per step m",
+                                           title=f"Activation memory of the fullest stage, p={mp} "
                                            f"({prof.model.params / 1e9:g}B model, micro-batch {t.micro_batch_size})"))
 else:
     print(f"the planner cannot split {prof.model.layers} layers into {mp} stages")
