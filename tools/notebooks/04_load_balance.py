@@ -196,9 +196,9 @@ else:
 # `ScheduleZBVZeroBubble`; both run on gloo with 2 CPU processes. With one stage per rank the first runs
 # exactly ZB-H1's order (checked op by op in the tests), so the full run measures it at p=2 beside 1F1B
 # (its formula: the simulated ZB-H1 with equal times). The formula assumes the split is free and the
-# stages stay equal; the columns forward_ms and backward_ms (B + W, mean over ranks) show whether that
-# held on this machine. On our 2-core CPU it did not: the split backward of the rank whose input needs a
-# gradient took longer than 1F1B's fused one, while the first stage's B is almost free (its input is
+# stages stay equal; the table's "forward ms" and "backward ms" columns (per micro-batch, B + W, mean
+# over ranks) show whether that held on this machine. On our 2-core CPU it did not: the split backward of
+# the rank whose input needs a gradient took longer than 1F1B's fused one, while the first stage's B is almost free (its input is
 # data), so the stages were no longer equal and the slower one set the pace. ZB-V (two chunks per rank
 # in a V) is not measured: the simulator does not model it.
 

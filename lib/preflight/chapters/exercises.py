@@ -103,11 +103,11 @@ def data_pipeline(profile: Profile) -> dict[str, Exercise]:
     return {
         "listing": Exercise(
             "listing", f"Your start-up may spend at most {LISTING_BUDGET_S / 60:g} minute listing the dataset on "
-            f"{d.storage} (one metadata operation per file, one client). How many files can the dataset have at "
+            f"{D.storage_label(d.storage)} (one metadata operation per file, one client). How many files can the dataset have at "
             f"most (yours has {d.files:,})?", "files",
             lambda: float(files_within(LISTING_BUDGET_S, d.storage)),
-            f"Per-file metadata latency on {d.storage} is {D.latency(d.storage).stat_s * 1e3:g} ms, paid once per "
-            f"file by every process that lists them: {LISTING_BUDGET_S:g} s buys that many files, whatever their "
+            f"Per-file metadata latency on {D.storage_label(d.storage)} is {D.latency(d.storage).stat_s * 1e3:g} ms, "
+            f"paid once per file by every process that lists them: {LISTING_BUDGET_S:g} s buys that many files, whatever their "
             "size. Shards of 256 MB hold tens of thousands of small samples each: the budget then counts shards.",
             rel_tol=0.5, log=True),
         "workers": Exercise(
