@@ -215,7 +215,7 @@ if overhead:
 C.add_measured_findings(ch.findings, prof, pipe, tune, overhead)
 
 # %% [markdown]
-# ## 6. Sliders
+# ## 6. Explore the formulas (sliders in JupyterLab)
 #
 # Listing time = files x per-file metadata latency (one client, serial); the shards line shows what
 # packing buys. Then supply vs consumption: the steady-state idle share 1 - S/C is a lower bound, since
