@@ -102,3 +102,10 @@ def test_changes_are_signed():
     assert N.fmt_delta(0.0, "x") == "0" and N.fmt_delta(None, "s") == "" and N.fmt_delta(1, "bool") == ""
     assert N.fmt_delta(-120, "s") == "-120 s" and N.fmt_delta(3600, "s") == "+3,600 s (60 min)"
     assert N.fmt_rel(0.25) == "+25.0%" and N.fmt_rel(0) == "0" and N.fmt_rel(None) == ""
+
+
+def test_plural_counts_and_nouns():
+    from preflight.numfmt import plural
+
+    assert plural(1, "node") == "1 node" and plural(2048, "GPU") == "2,048 GPUs"
+    assert plural(1, "micro-batch") == "1 micro-batch" and plural(4, "micro-batch") == "4 micro-batches"

@@ -183,7 +183,7 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
     if capacity is None:
         raise ValueError("cluster.gpu = 'auto': name the GPU (or set cluster.gpu_memory_GB) to plan its memory")
     source = efficiency_source or "--efficiency" if efficiency is not None else (
-        f"default {T.DEFAULT_EFFICIENCY:.0%} of peak (models/throughput.py; measure yours: chapter 1's MFU)")
+        "the stated default; measure yours: chapter 1's MFU on a GPU, then advise --mfu-from")
     efficiency = T.DEFAULT_EFFICIENCY if efficiency is None else efficiency
     cluster = _cluster(profile, gpu_key)
     cands = [evaluate(profile, lay, capacity, cluster, efficiency) for lay in layouts(profile, batch)]

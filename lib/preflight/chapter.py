@@ -43,7 +43,7 @@ class Chapter:
     out_dir: Path | None           # where this run's records go
     _device: object = None
     measurements: list = field(default_factory=list)   # where each measurement came from (``_log``)
-    _not_measured_said: set = field(default_factory=set)    # methods whose "not measured" note is shown
+    _not_measured_said: list = field(default_factory=list)  # methods whose "not measured" note is shown, in order
     profile_path: Path | None = None   # a workload's file entry is relative to it
     _workload: object = None
 
@@ -230,15 +230,18 @@ class Chapter:
         plan-only audit (``why`` None) where the measurement comes from; else ``why``. In full once per
         method and chapter, then as a short back-reference."""
         if method.name in self._not_measured_said:
-            self.note(f"Not measured here either (method `{method.name}`, see above).")
+            if self._not_measured_said[-1] != method.name:        # not twice in a row
+                self.note(f"Not measured here either (method `{method.name}`, see above).")
+                self._not_measured_said.append(method.name)
             return
-        self._not_measured_said.add(method.name)
+        self._not_measured_said.append(method.name)
         if why:
             self.note(f"**Not measured** (method `{method.name}`): {why}")
             return
-        self.note(f"**Not measured in this plan-only audit** (method `{method.name}`). This section's tables "
-                  "and charts come from a live run (`make report`) or from a record of the README's standalone "
-                  "command (`audit --results DIR`); its finding reads \"not measured\".")
+        self.note(f"**Not measured in this plan-only audit** (method `{method.name}`). The measured part of this "
+                  "section comes from a live run (`make report`) or from a record of the README's standalone command "
+                  "(`audit --results DIR`); what is shown here is computed from the profile, and the measured "
+                  "finding reads \"not measured\".")
 
     def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
         """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record

@@ -168,7 +168,9 @@ def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = 
     sx = alt.Scale(type="log", nice=False, padding=8) if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
-    xaxis = alt.Axis(format=x_format, labelOverlap="greedy") if log_x else alt.Axis()
+    xs = sorted(set(df[x])) if len(df) else []
+    xaxis = (alt.Axis(format=x_format, labelOverlap="greedy", values=xs if len(xs) <= 12 else alt.Undefined)
+             if log_x else alt.Axis())                                   # few x values: a tick at each
     few = int(df.groupby(color).size().max()) <= 12 if len(df) else False     # a one-point series is a dot
     layers = [alt.Chart(df).mark_line(point=few).encode(x=alt.X(f"{x}:Q", scale=sx, axis=xaxis, title=x_title or x),
                                                y=alt.Y(f"{y}:Q", scale=sy, axis=axis),

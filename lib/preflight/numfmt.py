@@ -51,8 +51,8 @@ def num(x: float) -> str:
 
 
 def plural(n: float, word: str) -> str:
-    """``1 node``, ``16 nodes``, ``2,048 GPUs``: a count and its noun, never "node(s)"."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+    """``1 node``, ``16 nodes``, ``2,048 GPUs``, ``4 micro-batches``: a count and its noun, never "node(s)"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "es" if word.endswith(("ch", "sh", "s", "x")) else "s")
 
 
 def pct(x: float) -> str:

@@ -396,10 +396,10 @@ advice = B.layout_advice(prof, ch.findings, ch.gpu_key if prof.cluster.gpu == "a
 if isinstance(advice, str):
     print(f"No ranking: {advice}")
 else:
-    print(f"{len(advice['candidates']):,} layouts, {advice['fitting']:,} fit; kernel efficiency "
-          f"{advice['efficiency']:.0%} of the peak while computing ({advice['efficiency_source']}); global batch "
-          f"{advice['global_batch']:,} sequences. MFU counts the whole step, so it is lower: the serial part, "
-          "exposed communication, the bubble and recompute's extra forward take their share.")
+    print(f"{len(advice['candidates']):,} layouts, {advice['fitting']:,} fit; global batch {advice['global_batch']:,} "
+          f"sequences.\nKernel efficiency: {advice['efficiency']:.0%} of the peak while computing "
+          f"({advice['efficiency_source']}).\nMFU counts the whole step, so it is lower: the serial part, exposed "
+          "communication, the bubble and recompute's extra forward take their share.")
     ch.table(advisor.table(prof, advice["candidates"], top=5))
     fits = [c for c in advice["candidates"] if c["fits"]]
     ch.show("layouts", charts.layouts_chart(fits[:8], advisor.own_plan(prof, advice["candidates"]),

@@ -37,13 +37,13 @@ from preflight.chapter import start
 from preflight.chapters import load_balance as C
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
-from preflight.numfmt import percent
+from preflight.numfmt import percent, plural
 
 ch = start("load_balance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
 prof = ch.profile
 t = prof.training
-print(f"project {prof.project}: pp={t.pp}, {t.microbatches} micro-batches, {t.pipeline_schedule} schedule, "
+print(f"project {prof.project}: pp={t.pp}, {plural(t.microbatches, 'micro-batch')}, {t.pipeline_schedule} schedule, "
       f"sequence length {prof.model.seq_len}")
 ch.announce()
 

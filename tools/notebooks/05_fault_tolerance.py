@@ -4,9 +4,9 @@
 # **Pitfall:** a long run on many nodes treated like a run on one GPU: no checkpoint, or one that
 # holds only the weights, written synchronously to a slow shared file system, and no plan for the
 # walltime limit. On a supercomputer failure is normal: with N nodes that each fail with probability
-# p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1e-4, N = 1000: 9.5 % a
+# p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1.0e-4, N = 1000: 9.5 % a
 # day; 95 % over a 30-day run). Llama 3 405B saw 419 unexpected interruptions in 54 days on
-# 16,384 GPUs (2,048 nodes): one every ~3 hours, **3.8e-3 per node-day**, 38× the 1e-4 the field report
+# 16,384 GPUs (2,048 nodes): one every ~3 hours, **3.8e-3 per node-day**, 38× the 1.0e-4 the field report
 # assumes. Every verdict below is computed under both rates: the profile's decides, Llama 3's shows how
 # much rests on the assumption.
 #
@@ -72,7 +72,7 @@ shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5"
 # **system MTBF** is its inverse: it shrinks in proportion to the node count. The rate is an
 # assumption until your site measures it: the table shows the plan under the profile's rate and under
 # Llama 3's (which counts every interruption: pre-emption, file-system hiccups and network incidents
-# interrupt a job just as well). For 128 nodes: an MTBF of ~1,875 h at 1e-4, ~49 h at Llama 3's rate.
+# interrupt a job just as well). For 128 nodes: an MTBF of ~1,875 h at 1.0e-4, ~49 h at Llama 3's rate.
 # The lever is not a lower rate but a **measured** one: replace `cluster.node_failure_per_day` with
 # your site's interruptions per node-day, then set the interval from it.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from preflight.exercises import Exercise
-from preflight.numfmt import plural
+from preflight.numfmt import plural, sci
 from preflight.profile import Profile
 
 GiB = 2 ** 30
@@ -211,7 +211,7 @@ def fault_tolerance(profile: Profile) -> dict[str, Exercise]:
     mtbf_s = R.system_mtbf_h(c.node_failure_per_day, nodes) * 3600
     ex = {
         "day": Exercise(
-            "day", f"{c.nodes:,} nodes each fail with probability {rate:g} on a given day. What is the probability "
+            "day", f"{c.nodes:,} nodes each fail with probability {sci(rate)} on a given day. What is the probability "
             f"that at least one fails within a week ({WEEK_DAYS} days)?", "%",
             lambda: 100 * R.failure_prob(rate, c.nodes, WEEK_DAYS),
             f"1 - (1 - p)^(N days): what counts is node-days ({c.nodes * WEEK_DAYS:,} here), so small per-node "

@@ -50,7 +50,7 @@ from preflight.numfmt import num
 from . import activations as A
 from . import states as S
 from .activations import ATTENTION, MLP, RECOMPUTE
-from .pipeline import SCHEDULES, activation_memory_microbatches
+from .pipeline import SCHEDULE_LABELS, SCHEDULES, activation_memory_microbatches
 
 # How a page names each term of the plan (the chart's legend, the chapter's table).
 TERM_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
@@ -204,8 +204,11 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     per_layer = _layer(p)
     rows.append(("activations", n * lps * per_layer,
                  f"{n:g} micro-batch{'es' * (n != 1)} in flight x {lps} layers x {num(per_layer)} B/layer "
-                 f"({p.attention} attention, {p.mlp} MLP, {p.recompute} recompute, sp={p.sequence_parallel}, "
-                 f"{p.schedule}; per layer {A.formula(p.attention, p.mlp, p.dropout, p.recompute)})",
+                 f"({p.attention} attention, {p.mlp.upper() if p.mlp == 'gelu' else 'SwiGLU'} MLP, "
+                 f"{'no' if p.recompute == 'none' else p.recompute} recompute, "
+                 f"{'sequence parallelism' if p.sequence_parallel else 'no sequence parallelism'}, "
+                 f"{SCHEDULE_LABELS.get(p.schedule, p.schedule)}; "
+                 f"per layer {A.formula(p.attention, p.mlp, p.dropout, p.recompute)})",
                  SRC_ACT + "; in flight: sec. 4.2.3, Narayanan et al. 2021 sec. 2.2"))
     sbh, rep = p.seq_len * p.micro_batch_size * p.hidden, p.tp if p.sequence_parallel else 1
     out_b, parts = 0.0, []
