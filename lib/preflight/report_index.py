@@ -59,6 +59,15 @@ CHART_SCALE = 1.3          # a chart's own size reads small on a report page: dr
 CHART_MAX_PX = 1000        # the page's width
 
 
+def _fix_cell(c: dict, d: dict | None) -> str:
+    """The verdict table's fix: the deciding finding's, unless the chapter passes (nothing to fix then)."""
+    if d is None:
+        return ""
+    if chapter_verdict(c) == "pass":
+        return "<span class='meta'>nothing to fix: keep the plan</span>"
+    return prose(d["fix"])
+
+
 def _counts(findings: list[dict]) -> str:
     n = {v: sum(f["verdict"] == v for f in findings) for v in VERDICT_RANK}
     return ", ".join(f"{n[v]} {v}" for v in reversed(VERDICT_RANK) if n[v]) or "no findings"
@@ -145,7 +154,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
             f"<br><span class='meta'>{pitfall}{esc(_counts(found))}</span></td>"
             f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
             f"<td class='num'>{esc(fmt_finding(d)) if d else ''}</td>"
-            f"<td>{esc(d['threshold']) if d else ''}</td><td>{prose(d['fix']) if d else ''}</td>")
+            f"<td>{esc(d['threshold']) if d else ''}</td><td>{_fix_cell(c, d)}</td>")
         err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""
         sections.append(
             f"<section class='chapter' id='ch{c['number']}'><h2>{esc(chapter_title(c))} "

@@ -80,7 +80,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
         sink.add(id=fid, value=p[key], unit="fraction", verdict=v, threshold=words,
                  message=(f"Scaling efficiency at {profile.gpus} GPUs with {what}: {p[key]:.0%} "
                           f"(work {p['work_s']:.3g} s per step, all-reduce {p['time_s']:.3g} s, "
-                          f"{p['exposed_overlap_s']:.3g} s of it exposed with overlap)."),
+                          f"{p['exposed_overlap_s']:.3g} s of it left exposed if it fully overlapped)."),
                  fix=fix_comm, source=PROFILE_SOURCE)
     return p
 
@@ -209,7 +209,8 @@ NODES_SWEEP_CMD = "sbatch --nodes=2 slurm/torchrun_nodes.sbatch preflight.bench.
 
 
 def add_nodes_sweep_finding(sink: FindingSink, across, one=None,
-                            why_missing: str = "no all-reduce record across nodes in --results") -> None:
+                            why_missing: str = "no all-reduce record across nodes (measured on a cluster, "
+                                               "read with --results)") -> None:
     """The all-reduce sweep across Slurm nodes (``across``: a recorded ``Measured`` or None) next to the
     single-node one (``one``, or None). Whether the "nodes" were separate machines is read from the
     record (every rank's host name): two Slurm nodes on one host exchange their bytes over loopback, and

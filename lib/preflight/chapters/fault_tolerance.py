@@ -243,7 +243,8 @@ def _stall_finding(r: dict) -> dict:
 SHRINK_CMD = 'sbatch --nodes=2 --wrap "python -m preflight.bench.elastic --shrink --out results/"'
 
 
-def add_shrink_finding(sink: FindingSink, shrink, why_missing: str = "no elastic_shrink record in --results") -> None:
+def add_shrink_finding(sink: FindingSink, shrink,
+                       why_missing: str = "no record of a node lost (measured on two nodes, read with --results)") -> None:
     """A node lost under ``torchrun --nnodes=1:2`` (``shrink``: a recorded ``Measured`` or None): the
     field report's case (128 -> 120 nodes), measured: world size before / after, recovery time, steps
     lost, samples lost or repeated, and what stayed bitwise."""
