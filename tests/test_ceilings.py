@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import time
 
 import pytest
@@ -45,10 +44,11 @@ def test_matmul_rate_matches_a_hand_timed_matmul(one_thread):
     assert r["dtype"] == "fp32" and r["n"] == n and r["flop"] == 2 * n ** 3
     assert r["tflops"] > 0
     assert r["tflops"] == pytest.approx(r["flop"] / r["median_s"] / 1e12)
-    hand_tflops = 2 * n ** 3 / statistics.median(samples) / 1e12
-    # Same work, two timings: they agree within a factor of 4 on a shared 2-core machine (0.9-1.2 with
-    # 2 CPU hogs on the cores).
-    assert 0.25 < r["tflops"] / hand_tflops < 4
+    # Same work, two timings, compared at their fast ends (the 10th percentile): load only adds time, so
+    # the fast end is what a shared machine keeps (the medians once disagreed 4x with a CPU hog, the test
+    # suite and an audit's torchrun on the 2 cores). Within a factor of 3.
+    hand_fast = sorted(samples)[len(samples) // 10]
+    assert 1 / 3 < hand_fast / r["p10_s"] < 3, (hand_fast, r["p10_s"], r["median_s"])
 
 
 def test_matmul_rate_has_no_datasheet_peak_on_cpu():
