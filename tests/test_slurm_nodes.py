@@ -130,12 +130,17 @@ def test_staged_scaling_across_nodes_feeds_chapter_1(cluster, tmp_path, tmp_path
     assert m["source"].startswith("recorded") and "scaling-n1.json" in m["source"] and "scaling-n2.json" in m["source"]
     assert "on 1 -> 2 nodes" in m["message"] and "stop rule (60%) says" in m["message"], m["message"]
     assert m["value"] == pytest.approx(recs[1]["results"]["step_s"] / two["step_s"])
-    curve = next(t for t in html_tables(notebook_text(out, "baseline")) if t and "stop rule" in t[0])
-    rows = {r[curve[0].index("gpus")]: dict(zip(curve[0], r)) for r in curve[1:]}
-    assert rows["2"]["source"] == "measured" and rows["1"]["source"] == "measured", rows
-    assert rows["8"]["source"].startswith("model") and rows["8"]["stop rule"] == "", rows["8"]
+    # the staged curve as chapter 1 shows it (chapters.baseline.curve_table)
+    from preflight.numfmt import percent
+
+    rule = "stop rule (60%)"
+    curve = next(t for t in html_tables(notebook_text(out, "baseline")) if t and rule in t[0])
+    rows = {r[curve[0].index("GPUs")]: dict(zip(curve[0], r)) for r in curve[1:]}
+    assert rows["2"]["curve from"] == "measured" and rows["1"]["curve from"] == "measured", rows
+    assert rows["8"]["curve from"].startswith("model") and rows["8"][rule] == "— (model only)", rows["8"]
     eff = m["value"]
-    assert rows["2"]["stop rule"] == ("stop" if eff < 0.6 else "go on"), rows["2"]
+    assert rows["2"][rule] == ("stop" if eff < 0.6 else "go on"), rows["2"]
+    assert rows["2"]["efficiency, measured"] == percent(eff), rows["2"]
     result = {"efficiency_2_nodes": round(eff, 3), "step_s": [recs[1]["results"]["step_s"], two["step_s"]],
               "jobs_s": round(jobs_s, 1), "test_s": round(time.monotonic() - t0, 1)}
     _save(tmp_path_factory, "slurm_nodes_scaling", result)
