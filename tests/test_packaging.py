@@ -130,7 +130,7 @@ def test_setup_keep_torch_refuses_an_environment_without_torch(tmp_path):
 
 def test_jsonschema_skips_the_grammar_compiling_iri_checker():
     """``import preflight`` keeps jsonschema from loading rfc3987-syntax (39 lark grammars compiled at
-    import, 1.5-2.5 CPU-s in every kernel and command line; see preflight/__init__.py). Asserted on the
+    import, about 2.5 CPU-s in every kernel and command line; see preflight/__init__.py). Asserted on the
     mechanism: after importing altair and nbformat the package is not loaded, and schema validation
     (the findings schema, a notebook) still works."""
     import sys

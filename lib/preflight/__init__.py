@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 # jsonschema, which altair and nbformat import, loads the optional ``rfc3987-syntax`` package when it is
-# installed (JupyterLab's jupyter-events pulls it in): it compiles 39 lark grammars at import, 1.5-2.5 s
-# of CPU in every process (kernels and command lines alike), for the "iri" format checks, which no schema
+# installed (JupyterLab's jupyter-events pulls it in): it compiles 39 lark grammars at import, about 2.5 CPU-s
+# in every process (kernels and command lines alike), for the "iri" format checks, which no schema
 # Preflight validates uses. Preflight's processes skip it; jsonschema then leaves those two formats
 # unchecked, as it does whenever the package is absent. Measured on 2 cores: ``import jsonschema``
 # 2.75 CPU-s with it, 0.23 without (tests/test_packaging.py keeps it skipped).

@@ -164,7 +164,7 @@ class Chapter:
             return m
         if not self.measure:
             self._log(method, name, "not measured", "not measured", problems)
-            self._say_not_measured(method)
+            self.not_measured(method)
             return None
         if self.results_dir:
             print(f"{method.name}: measuring live on {self.device.label} instead")
@@ -210,7 +210,7 @@ class Chapter:
             return m
         if not self.measure:
             self._log(method, None, "not measured", "not measured", problems)
-            self._say_not_measured(method)
+            self.not_measured(method)
             return None
         t0 = progress.started(method.name, self.quick, self.device.is_gpu)
         recs = run()
@@ -221,9 +221,6 @@ class Chapter:
         m = Measured({"records": recs}, f"measured on {self.device.label}", {})
         self._log(method, None, "live", m.source, problems, [r.get("_path") for r in recs])
         return m
-
-    def _say_not_measured(self, method: Method) -> None:
-        self.not_measured(method)
 
     def not_measured(self, method: Method, why: str | None = None) -> None:
         """Say, where a section's tables and charts would be, that ``method`` was not measured: in a

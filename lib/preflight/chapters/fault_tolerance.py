@@ -16,7 +16,7 @@ import pandas as pd
 
 from preflight.findings import FindingSink, judge
 from preflight.models import resilience as R
-from preflight.numfmt import duration, num, pct, plural, sci
+from preflight.numfmt import duration, num, pct, percent, plural, sci
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -140,7 +140,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
 
     extra, extra_q = p["waste_plan"] - p["waste_opt"], q["waste_plan"] - q["waste_opt"]
     v, words = _interval_verdict(p)
-    plan_words = (f"the plan's {duration(p['plan_s'])} costs {extra:+.2%} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
+    plan_words = (f"the plan's {duration(p['plan_s'])} costs {percent(extra)} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
                   if p["plan_s"] else "the plan names no interval, so its extra waste is unknown: set "
                   "training.checkpoint_interval_s")
     sink.add(id="fault_tolerance/checkpoint_interval_opt_s", value=p["daly_s"], unit="s", verdict="info",
@@ -156,7 +156,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              unit="fraction", verdict=v, threshold=words,
              message=(f"Against the optimum of {duration(p['daly_s'])}, {plan_words}. {At_llama} (optimum "
                       f"{duration(q['daly_s'])})"
-                      + (f": the plan's interval costs {extra_q:+.2%} over it" if p["plan_s"] else "")
+                      + (f": the plan's interval costs {percent(extra_q)} over it" if p["plan_s"] else "")
                       + f" (verdict there: {_interval_verdict(q)[0]})."),
              fix=("Set training.checkpoint_interval_s near the optimum (fault_tolerance/checkpoint_interval_opt_s) "
                   "for your site's measured failure rate; lower C (asynchronous two-stage saves) to shorten it."),
