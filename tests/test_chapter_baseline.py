@@ -150,3 +150,17 @@ def test_curve_table_reads_as_percent_and_words():
     assert t["efficiency, no overlap"].iloc[-1] == "74.8%" and t["efficiency, measured"].iloc[-1] == "—"
     assert set(t["stop rule (60%)"]) == {"— (model only)"}
     assert not any("_" in c for c in t.columns)
+
+
+def test_messages_restate_speedups_as_the_value_column_shows_them():
+    # one rounding per number: the message says 921x where the value column says 921x (not 920.6x)
+    from preflight.numfmt import fmt_value
+
+    p = load_profile(EXAMPLE)
+    sink = FindingSink()
+    B.add_plan_findings(sink, p, B.plan_curve(p))
+    by_id = {f.id: f for f in sink.findings}
+    for fid in ("baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
+                "baseline/gustafson_speedup_at_target"):
+        f = by_id[fid]
+        assert fmt_value(f.value, f.unit) in f.message, (fid, f.value, f.message)

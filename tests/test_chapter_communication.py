@@ -133,3 +133,12 @@ def test_overlap_table_units():
     bf = t[t["configuration"] == "ddp_bf16_hook"].iloc[0]
     fp = t[t["configuration"] == "ddp_bucket_default"].iloc[0]
     assert bf["MB per step per rank"] == pytest.approx(fp["MB per step per rank"] / 2)
+
+
+def test_ratio_message_restates_the_value_as_shown():
+    from preflight.numfmt import fmt_value
+
+    sink = FindingSink()
+    C.add_plan_findings(sink, load_profile(EXAMPLE))
+    f = next(f for f in sink.findings if f.id == "communication/comm_compute_ratio")
+    assert fmt_value(f.value, f.unit) in f.message, (f.value, f.message)

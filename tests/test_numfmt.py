@@ -109,3 +109,11 @@ def test_plural_counts_and_nouns():
 
     assert plural(1, "node") == "1 node" and plural(2048, "GPU") == "2,048 GPUs"
     assert plural(1, "micro-batch") == "1 micro-batch" and plural(4, "micro-batch") == "4 micro-batches"
+
+
+def test_factor_reads_like_the_value_column():
+    # a message restating a finding's factor prints it as the value column does (921x, not 920.6x)
+    assert N.factor(920.6) == N.fmt_value(920.6, "x") == "921x"
+    assert N.factor(9.894) == "9.89x" and N.factor(0.375) == "0.375x" and N.factor(1843.2) == "1,843x"
+    assert N.factor(float("inf")) == N.fmt_value(float("inf"), "x") == "unbounded"
+

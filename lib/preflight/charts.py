@@ -13,7 +13,7 @@ import altair as alt
 import pandas as pd
 
 from preflight.chartfit import fit_spec, text_px
-from preflight.numfmt import GiB, num, plural, sci
+from preflight.numfmt import GiB, factor, num, plural, sci
 
 
 def use_offline_renderer() -> None:
@@ -62,7 +62,7 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
     layers = [base]
     ceiling = amdahl_ceiling(ts, tc)
     if ceiling != float("inf"):
-        c = pd.DataFrame({"y": [ceiling], "N": [1], "label": [f"Amdahl ceiling {ceiling:.3g}x"]})
+        c = pd.DataFrame({"y": [ceiling], "N": [1], "label": [f"Amdahl ceiling {factor(ceiling)}"]})
         layers += [alt.Chart(c).mark_rule(color="black", strokeDash=[6, 3]).encode(y="y:Q"),
                    alt.Chart(c).mark_text(align="left", baseline="bottom", dx=3, dy=-2, fontSize=10).encode(
                        x="N:Q", y="y:Q", text="label:N")]
@@ -75,7 +75,7 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
                    alt.Chart(t).mark_text(align="right" if right_half else "left", baseline="top",
                                           dx=-3 if right_half else 3, dy=2, fontSize=10, color="#37474f").encode(
                        x="N:Q", y="speedup:Q", text="label:N")]
-    title = f"Amdahl{f' ({source})' if source else ''}: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {ceiling:.3g}x"
+    title = f"Amdahl{f' ({source})' if source else ''}: Ts={ts:.3g} s, Tc={tc:.3g} s, ceiling {factor(ceiling)}"
     return alt.layer(*layers).properties(width=420, height=260, title=title)
 
 
@@ -277,10 +277,12 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
                                                               range=[v[1] for v in _WASTE_SERIES.values()]),
                       legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=400))
     layers = []
+    rule_hi = top * (0.94 if band else 1.0)     # vertical rules stop below the band's label, never cross it
+    y_rule = alt.Y("rule_lo:Q", scale=alt.Scale(domain=[0, top]), title="waste (share of wall time)")
     if band:
         b = pd.DataFrame({"hours": [band[0] / 3600.0], "hours_hi": [band[1] / 3600.0],
                           "mid": [(band[0] * band[1]) ** 0.5 / 3600.0], "waste": [top],
-                          "label": ["simulated optimum (within the simulation's error)"]})
+                          "label": ["simulated optimum ± simulation error"]})
         layers += [alt.Chart(b).mark_rect(color="#43a047", opacity=0.15, clip=True).encode(x=x, x2="hours_hi:Q"),
                    alt.Chart(b).mark_text(baseline="top", dy=3, fontSize=9, color="#2e7d32", clip=True).encode(
                        x=alt.X("mid:Q", scale=x_scale, title=x_title), y=y, text="label:N")]
@@ -294,14 +296,18 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
         m = pd.DataFrame({"hours": [v / 3600.0 for v in marks.values()], "label": list(marks),
                           "at": np.minimum(at_marks, top)})
         m["waste"] = [top * (0.88 - 0.08 * i) for i in range(len(m))]     # staggered: close rules stay legible
-        layers += [alt.Chart(m).mark_rule(color="#546e7a", strokeDash=[3, 3], clip=True).encode(x=x),
+        m["rule_lo"], m["rule_hi"] = 0.0, rule_hi
+        layers += [alt.Chart(m).mark_rule(color="#546e7a", strokeDash=[3, 3], clip=True).encode(
+                       x=x, y=y_rule, y2="rule_hi:Q"),
                    alt.Chart(m).mark_text(align="left", dx=3, fontSize=10, color="#37474f", clip=True).encode(
                        x=x, y=y, text="label:N"),
                    alt.Chart(m).mark_point(shape="diamond", size=50, filled=True, color="#37474f", clip=True).encode(
                        x=x, y=alt.Y("at:Q"), tooltip=["label:N", alt.Tooltip("at:Q", format=".3p", title="waste")])]
     if walltime_s:
-        w = pd.DataFrame({"hours": [walltime_s / 3600.0], "waste": [0.0], "label": ["walltime"]})
-        layers += [alt.Chart(w).mark_rule(color="#e53935", strokeWidth=1.5, clip=True).encode(x=x),
+        w = pd.DataFrame({"hours": [walltime_s / 3600.0], "waste": [0.0], "label": ["walltime"],
+                          "rule_lo": [0.0], "rule_hi": [rule_hi]})
+        layers += [alt.Chart(w).mark_rule(color="#e53935", strokeWidth=1.5, clip=True).encode(
+                       x=x, y=y_rule, y2="rule_hi:Q"),
                    alt.Chart(w).mark_text(align="right", baseline="bottom", dx=-3, dy=-3, fontSize=10,
                                           color="#c62828", clip=True).encode(x=x, y=y, text="label:N")]
     return alt.layer(*layers).properties(width=460, height=260, title=title)

@@ -18,7 +18,7 @@ A number on a page has two jobs: be right, and be read at a glance. The rules us
 from __future__ import annotations
 
 __all__ = ["GiB", "duration", "fmt_delta", "fmt_finding", "fmt_rel", "fmt_value", "gb", "gib", "num", "pct",
-           "percent", "plural", "sci", "seconds"]
+           "factor", "percent", "plural", "sci", "seconds"]
 
 GiB = 2 ** 30
 _YEAR_S = 365.25 * 86400
@@ -48,6 +48,12 @@ def num(x: float) -> str:
     if abs(x) >= 100:
         return f"{x:,.0f}"
     return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 else sci(x)
+
+
+def factor(x: float) -> str:
+    """A speedup or ratio as a factor, by :func:`num`: ``9.89x``, ``921x``, ``1,843x``; ``unbounded``
+    for infinity (an Amdahl ceiling with no serial part)."""
+    return "unbounded" if x == float("inf") else f"{num(x)}x"
 
 
 def plural(n: float, word: str) -> str:
@@ -126,7 +132,7 @@ def fmt_value(value, unit: str, binary: bool = False) -> str:
     if unit in ("fraction", "probability"):
         return percent(value)
     if unit == "x":
-        return f"{num(value)}x"
+        return factor(value)
     if unit == "s":
         return seconds(value)
     if unit == "h" and abs(value) >= 48:

@@ -11,7 +11,7 @@ from preflight import hardware
 from preflight.findings import FindingSink, judge
 from preflight.models import flops, scaling
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY, scaling_curve
-from preflight.numfmt import percent, plural
+from preflight.numfmt import factor, percent, plural
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -82,7 +82,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     decides = "decides" if not weak else "info: the profile scales weakly (training.scaling: weak)"
     ceiling = scaling.amdahl_ceiling(ts, tc)
     verdict, words = judge(ceiling, warn=AMDAHL_PASS_FACTOR * n, fail=AMDAHL_FAIL_FACTOR * n, fmt="{:g}x")
-    bound = "without bound (no serial part)" if ceiling == float("inf") else f"more than {ceiling:.3g}x faster"
+    bound = "without bound (no serial part)" if ceiling == float("inf") else f"more than {factor(ceiling)} faster"
     sink.add(id="baseline/amdahl_max_speedup", value=ceiling, unit="x", verdict="info" if weak else verdict,
              threshold=f"{words} ({_times(AMDAHL_PASS_FACTOR)} and {_times(AMDAHL_FAIL_FACTOR)} the {n:,} target GPUs); "
                        f"{decides}",
@@ -98,7 +98,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     v, words = _speedup_judge(s, n)
     sink.add(id="baseline/amdahl_speedup_at_target", value=s, unit="x", verdict="info" if weak else v,
              threshold=f"{words}; {decides}",
-             message=f"Strong scaling (fixed global batch) to {n} GPUs gives at most {s:.3g}x ({s / n:.1%} "
+             message=f"Strong scaling (fixed global batch) to {n} GPUs gives at most {factor(s)} ({s / n:.1%} "
                      f"efficiency) with this serial share ({scaling.serial_fraction(ts, tc):.1%}).",
              fix="Shrink the serial share per step, or scale the batch with the GPUs (weak scaling, "
                  "Gustafson) so the parallel part grows with N.",
@@ -113,7 +113,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                                                           "info: the profile scales strongly"),
              message=(f"With the per-GPU batch fixed, {n} GPUs do {n}x the work in one step; the serial "
                       f"{gs:g} s of each {gs + gc:.3g} s step ({frac:.1%}) costs the same share at every scale: "
-                      f"N - s (N - 1) = {g:.4g}x ({g / n:.1%} efficiency, Gustafson)."),
+                      f"N - s (N - 1) = {factor(g)} ({g / n:.1%} efficiency, Gustafson)."),
              fix="Make the serial part asynchronous (prefetch, async logging and checkpointing): at a fixed "
                  "per-GPU batch its share of every step is lost at every scale.",
              source=PROFILE_SOURCE)

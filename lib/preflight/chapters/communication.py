@@ -10,6 +10,7 @@ from preflight.findings import FindingSink, judge
 from preflight.models import comm
 from preflight.models.comm import BACKWARD_SHARE
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
+from preflight.numfmt import factor
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -67,7 +68,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     sink.add(id="communication/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
              threshold=f"{words} (backward, ~2/3 of compute, is what can hide it)",
              message=(f"All-reduce {p['time_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
-                      f"{p['ratio']:.2f}x." + (" No overlap can hide that." if p["ratio"] > 1 else "")
+                      f"{factor(p['ratio'])}." + (" No overlap can hide that." if p["ratio"] > 1 else "")
                       + (f" With {p['microbatches']} accumulated micro-batches only the last one's backward "
                          f"({p['hide_window_s']:.3g} s) can hide it." if p["microbatches"] > 1 else "")),
              fix=fix_comm, source=PROFILE_SOURCE)

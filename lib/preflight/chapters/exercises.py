@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from preflight.exercises import Exercise
-from preflight.numfmt import plural, sci
+from preflight.numfmt import factor, plural, sci
 from preflight.profile import Profile
 
 GiB = 2 ** 30
@@ -41,8 +41,8 @@ def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str,
             f"can {n} GPUs then run it (strong scaling)?", "x",
             lambda: scaling.amdahl_speedup(ts, t.step_compute_s, n),
             f"Amdahl: (Ts + Tc) / (Ts + Tc/N). The serial part caps the speedup at 1 + Tc/Ts: halving Ts moves "
-            f"the cap from {scaling.amdahl_ceiling(t.step_serial_s, t.step_compute_s):.3g}x to "
-            f"{scaling.amdahl_ceiling(ts, t.step_compute_s):.3g}x. Removing serial work buys more than adding GPUs.",
+            f"the cap from {factor(scaling.amdahl_ceiling(t.step_serial_s, t.step_compute_s))} to "
+            f"{factor(scaling.amdahl_ceiling(ts, t.step_compute_s))}. Removing serial work buys more than adding GPUs.",
             rel_tol=0.2, log=True),
         "model_states": Exercise(
             "model_states", f"A {profile.model.params / 1e9:g}B-parameter model trained with mixed-precision Adam "

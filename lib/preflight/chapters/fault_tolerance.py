@@ -16,7 +16,7 @@ import pandas as pd
 
 from preflight.findings import FindingSink, judge
 from preflight.models import resilience as R
-from preflight.numfmt import duration, num, pct, percent, plural, sci
+from preflight.numfmt import duration, factor, num, pct, percent, plural, sci
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -230,11 +230,11 @@ def _stall_finding(r: dict) -> dict:
     hidden = ""
     if len(two) and "hidden_cost_s" in two:
         x = two.iloc[0]
-        hidden = (f" Hidden cost: the steps trained while the background write ran were {x['inflight_slowdown']:.2f}x "
+        hidden = (f" Hidden cost: the steps trained while the background write ran were {factor(x['inflight_slowdown'])} "
                   f"slower ({x['hidden_cost_s'] * 1e3:.0f} ms per checkpoint), as the writer competes for "
                   "the same CPU cores; a GPU-bound step leaves them free.")
     return dict(value=r["async_stall_ratio"], verdict=v, threshold="async stall / sync stall: " + words,
-                message=(f"Training waits {r['async_stall_ratio']:.2f}x as long for an asynchronous two-stage save "
+                message=(f"Training waits {factor(r['async_stall_ratio'])} as long for an asynchronous two-stage save "
                          f"as for a synchronous one (state {r['config'].get('state_MB', 0):.3g} MB; {parts})."
                          + hidden),
                 fix="Snapshot to host memory and write in the background (TwoStageCheckpointer, DCP async_save).")

@@ -12,6 +12,7 @@ from preflight.findings import FindingSink, judge
 from preflight.models import padding as PAD
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
+from preflight.numfmt import factor
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -101,8 +102,8 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
         value=r["bucketing_speedup"], verdict="info", threshold="recorded for reference (> 1: bucketing pays)",
         message=(f"Useful tokens/s of the reference Transformer's forward+backward (preflight.bench.padding): "
                  f"length bucketing is "
-                 f"{r['bucketing_speedup']:.2f}x pad-to-longest-in-batch and "
-                 f"{r['bucketing_speedup_vs_dataset']:.2f}x pad-to-longest-in-dataset."),
+                 f"{factor(r['bucketing_speedup'])} pad-to-longest-in-batch and "
+                 f"{factor(r['bucketing_speedup_vs_dataset'])} pad-to-longest-in-dataset."),
         fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler."),
         why_missing=why_missing, missing_fix="Batch by length.")
     sink.measured("load_balance/measured_bubble", bubble, "fraction", _bubble_finding,
@@ -111,9 +112,9 @@ def add_measured_findings(sink: FindingSink, padding, bubble, partition,
         value=r["measured_gain"], verdict="info", threshold="recorded for reference (> 1: partitioning by time pays)",
         message=(f"{r['p']} stages of the heterogeneous model: bottleneck by layer count "
                  f"{r['bottleneck_count_s'] * 1e3:.2f} ms vs by time {r['bottleneck_time_s'] * 1e3:.2f} ms, "
-                 f"predicted gain {r['predicted_gain']:.2f}x; measured throughput "
+                 f"predicted gain {factor(r['predicted_gain'])}; measured throughput "
                  f"{r['throughput_count']:.1f} -> {r['throughput_time']:.1f} samples/s "
-                 f"({r['measured_gain']:.2f}x)."),
+                 f"({factor(r['measured_gain'])})."),
         fix="Profile every layer, then split at the exact optimal contiguous boundaries."),
         why_missing=why_missing, missing_fix="Partition stages by profiled layer time, not by layer count.")
 

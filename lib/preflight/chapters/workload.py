@@ -15,7 +15,7 @@ from preflight.chapters import baseline as B
 from preflight.chapters import fault_tolerance as C
 from preflight.findings import FindingSink
 from preflight.models import states as S
-from preflight.numfmt import plural
+from preflight.numfmt import factor, plural
 from preflight.profile import Profile
 from preflight.workload import label
 
@@ -124,7 +124,7 @@ def _fusion_finding(f: dict) -> dict:
                          for x in (f["memory_bound_share_eager"], f["memory_bound_share_compiled"]))
     return dict(value=f["speedup_fwd_bwd"], verdict="info", threshold="recorded for reference (> 1 means fusion pays)",
                 message=(f"its own forward + backward: eager {f['eager_fwd_bwd_s'] * 1e3:.2f} ms, torch.compile "
-                         f"{f['compiled_fwd_bwd_s'] * 1e3:.2f} ms ({f['speedup_fwd_bwd']:.2f}x; first call "
+                         f"{f['compiled_fwd_bwd_s'] * 1e3:.2f} ms ({factor(f['speedup_fwd_bwd'])}; first call "
                          f"{f['compile_s']:.1f} s with compilation); memory-bound share {shares}."),
                 fix="Compile (or use fused kernels) where it pays on your model, before scaling out.")
 
@@ -208,7 +208,7 @@ def _partition_finding(r: dict) -> dict:
         return " | ".join(f"{names[s[0]]}..{names[s[-1]]}" if len(s) > 1 else names[s[0]] for s in parts)
     head = (f"{len(names)} blocks into {r['p']} stages: by count [{cut(r['by_count'])}] bottleneck "
             f"{r['bottleneck_count_s'] * 1e3:.2f} ms, by time [{cut(r['by_time'])}] {r['bottleneck_time_s'] * 1e3:.2f} ms "
-            f"per micro-batch (forward + backward): predicted gain {r['predicted_gain']:.2f}x")
+            f"per micro-batch (forward + backward): predicted gain {factor(r['predicted_gain'])}")
     if r["measured_gain"] is None:
         return dict(value=r["predicted_gain"], verdict="info", fix=fix,
                     threshold="predicted only (the blocks cannot run as pipeline stages)",
@@ -218,7 +218,7 @@ def _partition_finding(r: dict) -> dict:
                 threshold="recorded for reference (> 1: partitioning by time pays)",
                 message=(f"{head}; measured with torch.distributed.pipelining ({r['schedule']}, {r['p']} ranks, "
                          f"m = {r['m']}, {r['backend']}): {r['throughput_count']:.1f} -> {r['throughput_time']:.1f} "
-                         f"samples/s ({r['measured_gain']:.2f}x){same}."))
+                         f"samples/s ({factor(r['measured_gain'])}){same}."))
 
 
 # --- chapter 5 ---------------------------------------------------------------------------------------

@@ -41,12 +41,13 @@ class StorageLatency:
 METADATA_LATENCY: dict[str, StorageLatency] = {
     "local_nvme": StorageLatency(
         11e-6, 11e-6,
-        "~11 us to open a small file on local NVMe (one published measurement, pitfalls brief §2); "
-        "stat taken as the same upper bound"),
+        "~11 us to open a small file on local NVMe (a figure quoted in the field without its original "
+        "source: an order of magnitude); stat taken as the same upper bound"),
     "lustre": StorageLatency(
         0.5e-3, 2.3e-3,
         "stat: ~2,000 stat/s from one thread with mdtest on Lustre 2.5 (Dell HPC Lustre storage white "
-        "paper); open: ~2.3 ms per small file (one published measurement, pitfalls brief §2)"),
+        "paper); open: ~2.3 ms per small file (a figure quoted in the field without its original source: an "
+        "order of magnitude)"),
     "gpfs": StorageLatency(
         0.5e-3, 2.3e-3,
         "assumed equal to Lustre (same design: one network round trip to a metadata service per file); "
