@@ -177,3 +177,12 @@ def test_mfu_from_refuses_what_it_cannot_use(tmp_path, case, words):
     extra = ["--efficiency", "0.5"] if case == "both flags" else []
     r = run_cli("advise", EXAMPLE, "--mfu-from", path, *extra)
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_efficiency_gap_names_the_direction_and_the_factor():
+    # ranked at 50 % while the step implies 25 %: compute times twice too short; the other way, too long
+    from preflight.advisor import efficiency_gap
+
+    assert "2x too short" in efficiency_gap(0.25, 0.50) and "--efficiency 0.25" in efficiency_gap(0.25, 0.50)
+    assert "2x too long" in efficiency_gap(0.60, 0.30)
+    assert efficiency_gap(0.42, 0.40) is None and efficiency_gap(None, 0.40) is None

@@ -33,6 +33,7 @@ from preflight.models import memory as M
 from preflight.models import throughput as T
 from preflight.models.pipeline import bubble_fraction
 from preflight.models.states import STAGES
+from preflight.numfmt import factor
 from preflight.profile import Profile
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -135,6 +136,20 @@ def _gpu_key(profile: Profile, gpu_key: str | None) -> str | None:
 def usable_efficiency(value: float) -> bool:
     """Whether a measured MFU can stand for the kernels' efficiency (``models.EFFICIENCY_RANGE``)."""
     return EFFICIENCY_RANGE[0] <= value <= EFFICIENCY_RANGE[1]
+
+
+def efficiency_gap(implied: float | None, efficiency: float, tolerance: float = 0.05) -> str | None:
+    """A line when the profile's own step time implies another share of the peak (``implied``: the
+    finding ``baseline/implied_mfu``) than the advisor ranks at (``efficiency``), more than ``tolerance``
+    apart; else None. The advisor's compute times scale as 1 / efficiency: ranked at a higher efficiency
+    than the step shows they are too short by efficiency / implied, at a lower one too long."""
+    if not implied or abs(implied - efficiency) <= tolerance:
+        return None
+    way, k = ("short", efficiency / implied) if efficiency > implied else ("long", implied / efficiency)
+    return (f"The profile's own step time implies {implied:.0%} of the peak while computing "
+            f"(baseline/implied_mfu), not {efficiency:.0%}: the advisor's compute times are then "
+            f"{factor(k)} too {way}. To rank at your step's efficiency: "
+            f"python -m preflight advise PROFILE --efficiency {implied:.2f}")
 
 
 def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tuple[float, str]:

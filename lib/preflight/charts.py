@@ -271,14 +271,14 @@ def waste_curve_chart(curve: pd.DataFrame, marks: dict[str, float], title: str =
     x_scale = alt.Scale(type="log", nice=False, padding=6)     # the end points drawn whole, not cut at the edge
     x = alt.X("hours:Q", scale=x_scale, title=x_title,
               axis=alt.Axis(values=ticks, labelExpr=_DURATION_LABEL, labelOverlap="greedy", grid=True))
-    y = alt.Y("waste:Q", scale=alt.Scale(domain=[0, top]), axis=alt.Axis(format="%"),
-              title="waste (share of wall time)")
+    y_scale, y_title = alt.Scale(domain=[0, top]), "waste (share of wall time)"
+    y = alt.Y("waste:Q", scale=y_scale, axis=alt.Axis(format="%"), title=y_title)
     color = alt.Color("series:N", title=None, scale=alt.Scale(domain=[names[k] for k in _WASTE_SERIES],
                                                               range=[v[1] for v in _WASTE_SERIES.values()]),
                       legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=400))
     layers = []
     rule_hi = top * (0.94 if band else 1.0)     # vertical rules stop below the band's label, never cross it
-    y_rule = alt.Y("rule_lo:Q", scale=alt.Scale(domain=[0, top]), title="waste (share of wall time)")
+    y_rule = alt.Y("rule_lo:Q", scale=y_scale, title=y_title)      # from 0 to rule_hi, on the same axis
     if band:
         b = pd.DataFrame({"hours": [band[0] / 3600.0], "hours_hi": [band[1] / 3600.0],
                           "mid": [(band[0] * band[1]) ** 0.5 / 3600.0], "waste": [top],

@@ -401,11 +401,8 @@ else:
           f"({advice['efficiency_source']}).\nMFU counts the whole step, so it is lower: the serial part, exposed "
           "communication, the bubble and recompute's extra forward take their share.")
     implied = next((f.value for f in ch.findings.findings if f.id == "baseline/implied_mfu"), None)
-    if implied and abs(implied - advice["efficiency"]) > 0.05:
-        print(f"The profile's own step time implies {implied:.0%} of the peak while computing "
-              f"(baseline/implied_mfu), not {advice['efficiency']:.0%}: the advisor's compute times are then "
-              f"{advice['efficiency'] / implied:.2g}x too short. To rank at your step's efficiency: "
-              f"python -m preflight advise PROFILE --efficiency {implied:.2f}")
+    if gap := advisor.efficiency_gap(implied, advice["efficiency"]):
+        print(gap)
     ch.table(advisor.table(prof, advice["candidates"], top=5))
     fits = [c for c in advice["candidates"] if c["fits"]]
     ch.show("layouts", charts.layouts_chart(fits[:8], advisor.own_plan(prof, advice["candidates"]),
