@@ -33,7 +33,7 @@ from preflight.models import memory as M
 from preflight.models import throughput as T
 from preflight.models.pipeline import bubble_fraction
 from preflight.models.states import STAGES
-from preflight.numfmt import factor
+from preflight.numfmt import factor, percent
 from preflight.profile import Profile
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -146,8 +146,8 @@ def efficiency_gap(implied: float | None, efficiency: float, tolerance: float = 
     if not implied or abs(implied - efficiency) <= tolerance:
         return None
     way, k = ("short", efficiency / implied) if efficiency > implied else ("long", implied / efficiency)
-    return (f"The profile's own step time implies {implied:.0%} of the peak while computing "
-            f"(baseline/implied_mfu), not {efficiency:.0%}: the advisor's compute times are then "
+    return (f"The profile's own step time implies {percent(implied)} of the peak while computing "
+            f"(baseline/implied_mfu), not {percent(efficiency)}: the advisor's compute times are then "
             f"{factor(k)} too {way}. To rank at your step's efficiency: "
             f"python -m preflight advise PROFILE --efficiency {implied:.2f}")
 

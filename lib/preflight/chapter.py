@@ -79,13 +79,14 @@ class Chapter:
             self._workload = load(self.profile.workload.entry, self.profile_path.parent if self.profile_path else None)
         return self._workload
 
-    def workload_measurement(self, method: Method, run: Callable[[], dict], name: str | None = None) -> Measured | None:
+    def workload_measurement(self, method: Method, run: Callable[[], dict], name: str | None = None,
+                             match: Callable[[dict], bool] | None = None) -> Measured | None:
         """``measurement`` of the workload: its description (entry, class, parameters) goes into the
         record's params, and only a record of that same workload fits (never one of the reference
-        model, nor of another workload)."""
+        model, nor of another workload), and for which ``match(record)`` is true, when given."""
         w = self.workload.describe()
         return self.measurement(method, run, name, params={"workload": w},
-                                match=lambda r: (r.get("params") or {}).get("workload") == w)
+                                match=lambda r: (r.get("params") or {}).get("workload") == w and (match is None or match(r)))
 
     def show(self, name: str, chart) -> None:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page."""

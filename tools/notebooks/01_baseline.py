@@ -207,7 +207,7 @@ else:
 #   not shrink.
 # - **Weak scaling** (the per-GPU batch is fixed, as data-parallel pre-training usually runs): N GPUs do N
 #   times the work per step; the serial share s measured at that scale costs the same fraction at every
-#   N: **S(N) = N − s(N − 1)** (Gustafson). The field case's 10 % then costs ~10 % (920x at 1024 GPUs),
+#   N: **S(N) = N − s(N − 1)** (Gustafson). The field case's 10 % then costs ~10 % (about 920x at 1024 GPUs),
 #   not 99 %.
 #
 # Both laws are one algebra: Amdahl's s is measured on one GPU, Gustafson's on N. `training.scaling`

@@ -193,8 +193,10 @@ C.add_nodes_sweep_finding(ch.findings, across, sweep)
 #
 # **Your own model.** When the profile names a workload, DDP runs on *it* instead (two ranks,
 # `preflight.bench.workload_overlap`): its real gradient bytes and DDP's buckets, the bucket sizes, the
-# fp16 / bf16 hooks and `no_sync()`, with the drift of its own loss. Real compute only: a workload's
-# layers cannot be emulated, so on a CPU its rows say that overlap cannot show there.
+# fp16 / bf16 hooks and `no_sync()`, with the drift of its own loss. On a CPU it also runs in the
+# emulated-device mode: each of its blocks becomes a timed wait as long as that block's measured
+# forward and backward, holding the block's real parameter shapes, so DDP builds *its* buckets and the
+# overlap shows as it would on an accelerator that computes at this CPU's pace.
 
 # %%
 from preflight.bench import overlap as bench_overlap
@@ -209,14 +211,21 @@ from preflight.bench import workload_overlap as bench_wloverlap
 wl = ch.workload        # the profile's own model, or None: the reference layer stack
 if wl:
     print(f"measuring {wl.label} from {wl.entry}, not the reference layer stack")
-    wov = ch.workload_measurement(bench_wloverlap.METHOD, lambda: bench_wloverlap.measure(wl, quick=ch.quick))
+    def _wl_overlap(mode):
+        return ch.workload_measurement(bench_wloverlap.METHOD, lambda: bench_wloverlap.measure(wl, quick=ch.quick,
+                                                                                                mode=mode),
+                                       name=mode, match=lambda r: r["results"].get("mode") == mode)
+
+    wov = _wl_overlap("real")
+    wem = _wl_overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
     emulated = real = None
-    if wov:
-        print(f"{wov.results['label']} - {wov.source}; gradient bytes {wov.results['grad_bytes']:,}")
-        t = C.overlap_table(wov.results["rows"]).assign(buckets=[r["buckets"] for r in wov.results["rows"]])
-        ch.table(t)
-        ch.show("overlap_workload", charts.bars(t, "step (ms)", "configuration",
-                                                title=f"Step time per configuration ({wl.name}, {wov.results['label']})"))
+    for run, chart in ((wem, "overlap_workload_emulated"), (wov, "overlap_workload")):
+        if run:
+            print(f"{run.results['label']} - {run.source}; gradient bytes {run.results['grad_bytes']:,}")
+            t = C.overlap_table(run.results["rows"]).assign(buckets=[r["buckets"] for r in run.results["rows"]])
+            ch.table(t)
+            ch.show(chart, charts.bars(t, "step (ms)", "configuration",
+                                       title=f"Step time per configuration ({wl.name}, {run.results['label']})"))
 # 2 ranks always: on GPUs when there are 2, else on the CPU (gloo), where the emulated mode shows overlap
 else:
     emulated = _overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
@@ -239,7 +248,7 @@ if emulated or real:
 if wl:
     from preflight.chapters import workload as W
 
-    W.add_communication_findings(ch.findings, wov)
+    W.add_communication_findings(ch.findings, wov, wem)
 else:
     C.add_overlap_findings(ch.findings, emulated, real,
                            "plan-only mode" if not ch.measure else "one device only (needs 2 ranks)")

@@ -106,7 +106,7 @@ if padm:
 #
 # The popular estimate **(p−1)/(m·p)** is wrong: it divides the p−1 fill/drain slots by p·m as if the
 # step lasted p·m slots of one stage, mixing one stage's time with the whole pipeline's. For p=4, m=8
-# it says 9.4 %; the truth is 3/11 = 27.3 % of the step. GPipe and 1F1B have the same bubble; 1F1B holds
+# it says 9.38 %; the truth is 3/11 = 27.3 % of the step. GPipe and 1F1B have the same bubble; 1F1B holds
 # at most p micro-batches of activations on the first stage instead of m, which is what lets m grow.
 #
 # **How many micro-batches?** The rule of thumb m ≥ 4p comes from GPipe (Huang et al. 2019), where it
@@ -171,7 +171,7 @@ from preflight.chapters import memory_plan as MP
 mp = gp if t.pp > 1 else 4
 bm = MP.bubble_memory_table(prof, mp)
 if len(bm):
-    ch.table(bm.assign(bubble=bm["bubble"].map("{:.1%}".format)).round(2))
+    ch.table(bm.assign(bubble=bm["bubble"].map(percent)).round(2))
     ch.show("bubble_memory", charts.curves(bm, "m", "activations (GiB)", "schedule", log_x=True, log_y=False,
                                            x_format="~g", x_title="micro-batches per step m",
                                            title=f"Activation memory of the fullest stage, p={mp} "

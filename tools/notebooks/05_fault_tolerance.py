@@ -4,7 +4,7 @@
 # **Pitfall:** a long run on many nodes treated like a run on one GPU: no checkpoint, or one that
 # holds only the weights, written synchronously to a slow shared file system, and no plan for the
 # walltime limit. On a supercomputer failure is normal: with N nodes that each fail with probability
-# p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1.0e-4, N = 1000: 9.5 % a
+# p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1.0e-4, N = 1000: 9.52 % a
 # day; 95 % over a 30-day run). Llama 3 405B saw 419 unexpected interruptions in 54 days on
 # 16,384 GPUs (2,048 nodes): one every ~3 hours, **3.8e-3 per node-day**, 38× the 1.0e-4 the field report
 # assumes. Every verdict below is computed under both rates: the profile's decides, Llama 3's shows how

@@ -88,18 +88,20 @@ def comm_bytes_per_step(config: str, shapes, world_size: int, k: int = ACCUM_K,
     return sum(numel) * factor / (k if config.startswith("ddp_no_sync") else 1)
 
 
-def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0,
-                log: list | None = None):
-    """The stack; emulated, each layer's backward appends its end (``perf_counter``) to ``log``."""
+def emulated_block(params, fwd_s: float, bwd_s: float, log: list | None = None):
+    """An emulated-device layer: a module holding copies of ``params`` (same shapes, same values)
+    whose forward and backward are waits of ``fwd_s`` / ``bwd_s`` seconds (``time.sleep``: the GIL
+    released and the core free, as a GPU kernel frees the host) and whose gradients are fills of
+    1e-3, so DDP buckets and all-reduces real tensors of the real shapes. The input passes through.
+    With ``log``, each backward appends its end (``perf_counter``). The one home of the emulation:
+    the reference stack (``_make_model``) and a workload's blocks (``workload_overlap``) use it."""
     import torch
     from torch import nn
 
     class Wait(torch.autograd.Function):
-        """Forward and backward are waits (GIL released, core free); the gradients are fills."""
-
         @staticmethod
-        def forward(ctx, x, weight, bias):
-            ctx.shapes = weight.shape, bias.shape
+        def forward(ctx, x, *weights):
+            ctx.specs = [(w.shape, w.dtype) for w in weights]
             time.sleep(fwd_s)
             return x.clone()
 
@@ -108,19 +110,35 @@ def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float,
             time.sleep(bwd_s)
             if log is not None:
                 log.append(time.perf_counter())
-            return grad, grad.new_full(ctx.shapes[0], 1e-3), grad.new_full(ctx.shapes[1], 1e-3)
+            return (grad, *(torch.full(shape, 1e-3, dtype=dtype, device=grad.device) for shape, dtype in ctx.specs))
 
-    class EmulatedLayer(nn.Linear):
+    class EmulatedBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = nn.ParameterList([nn.Parameter(p.detach().clone()) for p in params])
+
         def forward(self, x):
-            return Wait.apply(x, self.weight, self.bias)
+            return Wait.apply(x, *self.weights)
+
+    return EmulatedBlock()
+
+
+def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0,
+                log: list | None = None):
+    """The stack; emulated, each layer an ``emulated_block`` of a Linear's weight and bias."""
+    import torch
+    from torch import nn
 
     torch.manual_seed(seed)                    # the same initial weights on every rank
     mods = []
     for i in range(layers):
-        lin = (EmulatedLayer if mode == "emulated" else nn.Linear)(hidden, hidden)
+        lin = nn.Linear(hidden, hidden)
         nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
         nn.init.zeros_(lin.bias)
-        mods += [lin, nn.ReLU()] if i < layers - 1 else [lin]
+        if mode == "emulated":
+            mods.append(emulated_block([lin.weight, lin.bias], fwd_s, bwd_s, log))
+        else:
+            mods += [lin, nn.ReLU()] if i < layers - 1 else [lin]
     return nn.Sequential(*mods).to(device)
 
 

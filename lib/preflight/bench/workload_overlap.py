@@ -5,8 +5,9 @@ model, optimizer and loss: how many bytes of gradients one step really moves, in
 what bucket sizes, the fp16 / bf16 compression hooks and ``no_sync()`` accumulation do to the step,
 and how far each moves the loss from the fp32 average (its own loss, on a held-out batch, after the
 same updates). Configurations (``CONFIGS``): ``compute_only`` (each rank alone), ``manual_allreduce``
-(one flat all-reduce after backward: nothing to overlap with), DDP with 1 MiB, default (25 MiB) and
-one huge bucket, the fp16 and bf16 hooks, 4 micro-batches per update with 3 under ``no_sync()``.
+(one flat all-reduce after backward: nothing to overlap with), DDP with small (``bucket_caps_mb``:
+1 MiB, less for a model under 4 MiB of gradients), default (25 MiB) and one huge bucket, the fp16
+and bf16 hooks, 4 micro-batches per update with 3 under ``no_sync()``.
 
 Each rank trains on its own share of the workload's batch stream (batches ``rank, rank + world, ...``,
 as a distributed sampler splits a dataset), a few fixed batches cycled so the timing holds no data
@@ -15,12 +16,20 @@ generators of its own, so the fp32 configurations stay comparable; they run inte
 then rounds), and the step is the slowest rank's median. The buckets are DDP's own: a recording
 comm hook counts them and their bytes on the last step (DDP rebuilds its buckets after the first).
 
-Real compute: on GPUs with NCCL this is the real overlap; on a CPU (gloo) backward keeps the cores
-busy and the all-reduce cannot hide behind it (the chapter's emulated-device mode shows overlap on
-the reference stack; a workload's layers cannot be emulated), so the CPU rows are labelled as such.
+``real`` mode (the default): real compute. On GPUs with NCCL this is the real overlap; on a CPU
+(gloo) backward keeps the cores busy and the all-reduce cannot hide behind it, so the CPU rows are
+labelled as such. ``emulated`` mode (the emulated device, always the CPU): rank 0 times each of the
+workload's blocks (forward + backward, ``workload_pipeline.block_times``, one thread) and every rank
+builds the workload as a stack of ``overlap.emulated_block``: one per block, holding copies of that
+block's trainable parameters (parameters outside every block in one more, first, with no time), whose
+forward waits a third and backward two thirds of the block's measured time (backward ~ 2x forward, as
+in 6N FLOPs per token) while the cores stay free. Its gradients are real tensors of the workload's
+shapes, so DDP builds the workload's own buckets and all-reduces them for real: the overlap an
+accelerator that computes at this CPU's measured pace would get. No loss there (the waits compute
+nothing); the update is plain SGD. ``emulated_blocks`` in the record: each block's wait.
 
     torchrun --nproc_per_node=2 -m preflight.bench.workload_overlap --entry my_workload.py:build \\
-        --base DIR --out DIR [--quick]
+        --base DIR --out DIR [--mode emulated] [--quick]
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from preflight.bench import exit_worker
@@ -40,6 +50,7 @@ from preflight.records import Method
 
 METHOD = Method("workload_overlap", 1, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
                                                  "buckets"))
+MODES = ("real", "emulated")
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
            "ddp_fp16_hook", "ddp_bf16_hook", "ddp_no_sync_k4")
 NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "fp16 gradients",
@@ -47,9 +58,19 @@ NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "f
 ACCUM_K, FIXED_BATCHES, ROUNDS = 4, 4, 3
 
 
-def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: int):
-    """A fresh copy of the model trained under ``config``: (step, k, finish, buckets). ``buckets``
-    fills with the bucket sizes (bytes) DDP all-reduced on the most recent step."""
+def bucket_caps_mb(params) -> dict:
+    """``bucket_cap_mb`` of the small and huge configurations (default: DDP's own). Small: 1 MiB, or a
+    quarter of the gradients when they are smaller, so that a small model still makes several buckets
+    (a given cap also caps DDP's first bucket). Huge: larger than all the gradients (one bucket)."""
+    grad_mb = sum(p.numel() * p.element_size() for p in params) / 2**20
+    return {"ddp_bucket_small": min(1.0, grad_mb / 4), "ddp_bucket_huge": int(grad_mb) + 2}
+
+
+def _runner(config: str, model, step_loss, make_optimizer, batches, device, world: int, rng_seed: int):
+    """``model`` (a fresh copy, on ``device``) trained under ``config`` with ``step_loss(x, y, net)``
+    and ``make_optimizer(params)``: (step, k, finish, buckets). ``buckets["bytes"]`` fills with the sizes
+    of the buckets DDP all-reduced on the most recent step, ``buckets["launched"]`` with when each
+    all-reduce was launched (``perf_counter``)."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,27 +78,26 @@ def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: 
     from preflight import hooks
     from preflight.bench.trainloop import rng_state, set_rng_state
 
-    model = copy.deepcopy(wl.model).to(device)
-    model.load_state_dict(init_state)
     params = [p for p in model.parameters() if p.requires_grad]
-    net, k, seen, buckets = model, 1, {"batches": 0, "updates": 0}, []
+    net, k, seen, buckets = model, 1, {"batches": 0, "updates": 0}, {"bytes": [], "launched": []}
     if config.startswith("ddp_"):
-        cap = {"ddp_bucket_small": 1, "ddp_bucket_huge": sum(p.numel() * p.element_size() for p in params) // 2**20 + 2}
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                  bucket_cap_mb=cap.get(config))
+                  bucket_cap_mb=bucket_caps_mb(params).get(config))
         inner = {"ddp_fp16_hook": hooks.fp16_compress_hook, "ddp_bf16_hook": hooks.bf16_compress_hook}.get(
             config, default_hooks.allreduce_hook)
 
         def recording(state, bucket):
             if bucket.index() == 0:
-                buckets.clear()
+                buckets["bytes"].clear()
+                buckets["launched"].clear()
             buf = bucket.buffer()
-            buckets.append(buf.numel() * buf.element_size())
+            buckets["bytes"].append(buf.numel() * buf.element_size())
+            buckets["launched"].append(time.perf_counter())
             return inner(state, bucket)
 
         net.register_comm_hook(None, recording)
         k = ACCUM_K if config.startswith("ddp_no_sync") else 1
-    opt = wl.make_optimizer(params)
+    opt = make_optimizer(params)
     torch.manual_seed(rng_seed)                 # every configuration: the same dropout stream
     own_rng = {"state": rng_state()}
     flat = torch.empty(sum(p.numel() for p in params), device=device)
@@ -91,7 +111,7 @@ def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: 
                 x, y = batches[seen["batches"] % len(batches)]
                 seen["batches"] += 1
                 with net.no_sync() if j < k - 1 else contextlib.nullcontext():
-                    wl.step_loss(x, y, net).backward()
+                    step_loss(x, y, net).backward()
             if config == "manual_allreduce":
                 average_gradients(params, flat, world)      # the reference bench's, one home
             opt.step()
@@ -101,33 +121,90 @@ def _runner(config: str, wl, init_state, batches, device, world: int, rng_seed: 
             set_rng_state(outer)
 
     def finish(held_out):
+        """(held-out loss or None without ``held_out``, updates)."""
+        if held_out is None:
+            return None, seen["updates"]
         model.eval()
         with torch.no_grad():
-            loss = float(wl.step_loss(*held_out, model))
+            loss = float(step_loss(*held_out, model))
         return loss, seen["updates"]
 
     return step, k, finish, buckets
 
 
-def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False) -> dict | None:
-    """One rank: every configuration; rank 0 writes the record and returns it."""
+def emulated_stack(wl, times: list[dict], device, log: list | None = None):
+    """The workload as emulated-device blocks (``overlap.emulated_block``), in block order, from
+    ``times`` (``block_times`` rows): each block's trainable parameters, each shared tensor in the
+    first block that holds it; parameters outside every block in one first block without time.
+    ``[{name, params, forward_s, backward_s}]`` of the waits comes with it. ``log`` gets each block's
+    backward end (``perf_counter``)."""
+    from torch import nn
+
+    from preflight.bench.overlap import emulated_block
+    from preflight.bench.workload_pipeline import block_modules
+
+    seen, groups = set(), []
+    for (name, mod), t in zip(block_modules(wl), times):
+        ps = [p for p in mod.parameters() if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        groups.append((name, ps, t["time_s"]))
+    outside = [p for p in wl.model.parameters() if p.requires_grad and id(p) not in seen]
+    if outside:
+        groups.insert(0, ("(outside the blocks)", outside, 0.0))
+    waits = [{"name": n, "params": sum(p.numel() for p in ps), "forward_s": t / 3, "backward_s": 2 * t / 3}
+             for n, ps, t in groups]
+    stack = nn.Sequential(*(emulated_block(ps, w["forward_s"], w["backward_s"], log) for (_, ps, _), w in zip(groups, waits)))
+    return stack.to(device), waits
+
+
+def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode: str = "real") -> dict | None:
+    """One rank: every configuration; rank 0 writes the record and returns it. ``emulated``: rank 0
+    times the blocks once and broadcasts the times, so every rank waits alike."""
     import torch
     import torch.distributed as dist
 
     from preflight.bench.launch import init_distributed
+    from preflight.bench.workload_pipeline import block_times
     from preflight.records import save_record
     from preflight.timing import summarize, time_fn
     from preflight.workload import load, to_device
 
-    de, device = init_distributed(timeout=datetime.timedelta(seconds=300))
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    de, device = init_distributed(use_gpu=mode == "real", timeout=datetime.timedelta(seconds=300))
     rank, world = de["rank"], de["world_size"]
     try:
         wl = load(entry, base)                           # seeded: the same initial weights on every rank
-        init = copy.deepcopy(wl.model.state_dict())
-        held_out = tuple(to_device(t, device) for t in wl.batch())
-        stream = [wl.batch() for _ in range(FIXED_BATCHES * world)]
-        batches = [tuple(to_device(t, device) for t in b) for b in stream[rank::world]]
-        runners = {c: _runner(c, wl, init, batches, device, world, rng_seed=1000 + rank) for c in CONFIGS}
+        waits = None
+        if mode == "emulated":
+            shared = [block_times(wl, "cpu", quick=quick) if rank == 0 else None]
+            dist.broadcast_object_list(shared, src=0)
+            held_out, batches = None, [(torch.zeros(1, requires_grad=True), None)]   # every block's backward runs
+
+            logs = {c: [] for c in CONFIGS}         # each configuration's blocks' backward ends
+
+            def make(config):
+                return emulated_stack(wl, shared[0], device, logs[config])[0]
+
+            def step_loss(x, _y, net):
+                return net(x).sum()
+
+            def make_optimizer(params):
+                return torch.optim.SGD(params, lr=1e-3)
+            waits = emulated_stack(wl, shared[0], "cpu")[1]
+        else:
+            init = copy.deepcopy(wl.model.state_dict())
+            held_out = tuple(to_device(t, device) for t in wl.batch())
+            stream = [wl.batch() for _ in range(FIXED_BATCHES * world)]
+            batches = [tuple(to_device(t, device) for t in b) for b in stream[rank::world]]
+
+            def make(_config):
+                model = copy.deepcopy(wl.model).to(device)
+                model.load_state_dict(init)
+                return model
+            step_loss, make_optimizer = wl.step_loss, wl.make_optimizer
+        runners = {c: _runner(c, make(c), step_loss, make_optimizer, batches, device, world, rng_seed=1000 + rank)
+                   for c in CONFIGS}
         samples = {c: [] for c in CONFIGS}
         for rnd in range(ROUNDS + 1):                     # round 0: warm-up (DDP builds its buckets)
             for config, (step, k, _, _) in runners.items():
@@ -143,21 +220,34 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False) -> d
             med = torch.tensor([summarize(samples[config]).median_s], dtype=torch.float64, device=device)
             dist.all_reduce(med, op=dist.ReduceOp.MAX)
             loss, updates = finish(held_out)
-            rows.append({"config": config, "step_s": float(med), "loss_after_n": loss, "updates": updates,
-                         "buckets": len(buckets), "bucket_bytes": list(buckets),
-                         "numerics": NUMERICS.get(config, "fp32 average")})
+            row = {"config": config, "step_s": float(med), "updates": updates, "buckets": len(buckets["bytes"]),
+                   "bucket_bytes": list(buckets["bytes"]), "numerics": NUMERICS.get(config, "fp32 average")}
+            if held_out is not None:
+                row["loss_after_n"] = loss
+            elif buckets["launched"]:       # emulated: the last step's buckets launched before backward ended
+                row["launched_in_backward"] = _launched_in_backward(runners[config][0], logs[config], buckets)
+            rows.append(row)
             fp32 = loss if config == "ddp_bucket_default" else fp32
         record = None
         if rank == 0:
-            record = _record(wl, rows, fp32, world, device, dist.get_backend(), steps, quick)
-            save_record(record, out, name=f"n{world}")
+            record = _record(wl, rows, fp32, world, device, dist.get_backend(), steps, quick, mode, waits)
+            save_record(record, out, name=f"{mode}-n{world}")
         dist.barrier()
         return record
     finally:
         dist.destroy_process_group()
 
 
-def _record(wl, rows, fp32_loss, world, device, backend, steps, quick) -> dict:
+def _launched_in_backward(step, log: list, buckets: dict) -> int:
+    """One more (untimed) step: how many of its buckets' all-reduces were launched before the last
+    block's backward ended, i.e. while there was compute left to hide behind (the bucket of the first
+    block's gradients never can)."""
+    log.clear()
+    step()
+    return sum(t < max(log) for t in buckets["launched"])
+
+
+def _record(wl, rows, fp32_loss, world, device, backend, steps, quick, mode="real", waits=None) -> dict:
     from preflight.bench.overlap import comm_bytes_per_step
 
     params = [p for p in wl.model.parameters() if p.requires_grad]
@@ -166,41 +256,50 @@ def _record(wl, rows, fp32_loss, world, device, backend, steps, quick) -> dict:
     base, ref = by["compute_only"]["step_s"], by["manual_allreduce"]["step_s"]
     for r in rows:
         r.update(exposed_comm_s=r["step_s"] - base, saving_vs_no_overlap_s=ref - r["step_s"],
-                 bytes_per_step_per_rank=comm_bytes_per_step(r["config"], shapes, world, k=ACCUM_K),
-                 loss_rel_diff_vs_fp32=abs(r["loss_after_n"] - fp32_loss) / abs(fp32_loss) if fp32_loss else None)
-    results = {"workload": wl.describe(), "mode": "real", "label": f"real ({device.type}, {backend})",
+                 bytes_per_step_per_rank=comm_bytes_per_step(r["config"], shapes, world, k=ACCUM_K))
+        if "loss_after_n" in r:
+            r["loss_rel_diff_vs_fp32"] = abs(r["loss_after_n"] - fp32_loss) / abs(fp32_loss) if fp32_loss else None
+    label = (f"emulated device ({backend}; the blocks' measured times as waits)" if mode == "emulated"
+             else f"real ({device.type}, {backend})")
+    results = {"workload": wl.describe(), "mode": mode, "label": label,
                "backend": backend, "world_size": world, "rows": rows, "params": sum(p.numel() for p in params),
                "grad_bytes": sum(p.numel() * p.element_size() for p in params),
                "buckets": {c: by[c]["bucket_bytes"] for c in ("ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge")},
-               "device_kind": device.type, "steps": steps, "cpu_note": device.type == "cpu"}
-    return METHOD.record({"workload": wl.describe(), "quick": quick, "accumulation_k": ACCUM_K, "rounds": ROUNDS},
-                         results)
+               "device_kind": device.type, "steps": steps, "cpu_note": mode == "real" and device.type == "cpu"}
+    if waits is not None:
+        results["emulated_blocks"] = waits
+    return METHOD.record({"workload": wl.describe(), "quick": quick, "mode": mode, "accumulation_k": ACCUM_K,
+                          "rounds": ROUNDS, "bucket_cap_mb": bucket_caps_mb(params)}, results)
 
 
-def measure(wl, nproc: int = 2, quick: bool = False, timeout: float = 600.0) -> dict:
+def measure(wl, nproc: int = 2, quick: bool = False, timeout: float = 600.0, mode: str = "real") -> dict:
     """Method ``workload_overlap``: the worker under ``torchrun --standalone`` with ``nproc`` ranks."""
     from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
 
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     steps = 6 if quick else 12
     with tempfile.TemporaryDirectory(prefix="preflight-wloverlap-") as tmp:
         env = dict(os.environ, TMPDIR=tmp)
-        if max_processes()[1].startswith("processes"):
+        if mode == "emulated" or max_processes()[1].startswith("processes"):
             env["OMP_NUM_THREADS"] = "1"
         cmd = torchrun_cmd(nproc, "preflight.bench.workload_overlap", "--entry", wl.entry, "--base", wl.base_dir,
-                           "--out", tmp, "--steps", str(steps))
+                           "--out", tmp, "--steps", str(steps), "--mode", mode)
         run_torchrun(cmd + (["--quick"] if quick else []), env, timeout)
-        return json.loads((Path(tmp) / f"{METHOD.name}-n{nproc}.json").read_text())["results"]
+        return json.loads((Path(tmp) / f"{METHOD.name}-{mode}-n{nproc}.json").read_text())["results"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.workload_overlap", description=__doc__.split("\n")[0])
     ap.add_argument("--entry", required=True)
     ap.add_argument("--base", default=".")
-    ap.add_argument("--out", required=True, help="rank 0 writes workload_overlap-n<N>.json here")
+    ap.add_argument("--out", required=True, help="rank 0 writes workload_overlap-<mode>-n<N>.json here")
+    ap.add_argument("--mode", choices=MODES, default="real",
+                    help="real compute (default), or the emulated device: the blocks' measured times as waits")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
-    worker(args.entry, args.base, args.out, args.steps, args.quick)
+    worker(args.entry, args.base, args.out, args.steps, args.quick, args.mode)
     return 0
 
 

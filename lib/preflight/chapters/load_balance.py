@@ -12,7 +12,7 @@ from preflight.findings import FindingSink, judge
 from preflight.models import padding as PAD
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
-from preflight.numfmt import factor
+from preflight.numfmt import factor, percent
 from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
@@ -56,11 +56,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
         f"lognormal lengths, median {profile.data.length_median}, sigma {profile.data.length_sigma:g}, "
         f"max {profile.model.seq_len}")
     sink.add(id="load_balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
-             message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {by[in_batch]:.0%} of "
-                      f"the tokens computed ({src}); padding to the longest in the dataset {by[in_dataset]:.0%}; "
-                      f"length bucketing ({N_BUCKETS} buckets) {by[bucket]:.0%}. Packing into rows of {seq_len} "
-                      f"tokens: {by[PAD.PACKING['split']]:.1%} (samples cut at row ends), "
-                      f"{by[PAD.PACKING['best_fit']]:.1%} (whole samples, best fit), {by[PAD.PACKING['next_fit']]:.0%} "
+             message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {percent(by[in_batch])} of "
+                      f"the tokens computed ({src}); padding to the longest in the dataset {percent(by[in_dataset])}; "
+                      f"length bucketing ({N_BUCKETS} buckets) {percent(by[bucket])}. Packing into rows of {seq_len} "
+                      f"tokens: {percent(by[PAD.PACKING['split']])} (samples cut at row ends), "
+                      f"{percent(by[PAD.PACKING['best_fit']])} (whole samples, best fit), {percent(by[PAD.PACKING['next_fit']])} "
                       f"(whole samples, next fit); but a batch of {PADDING_BATCH} rows then holds "
                       f"{pack['samples_per_batch_min']}-{pack['samples_per_batch_max']} samples, not {PADDING_BATCH}, "
                       "and attention must be masked per document, or tokens attend across documents."),

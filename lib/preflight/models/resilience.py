@@ -125,7 +125,7 @@ def reference_points() -> pd.DataFrame:
         ("field report", FIELD["nodes"], FIELD["p_node_day"],
          run_failures(FIELD["p_node_day"], FIELD["nodes"], 1.0), failure_prob(FIELD["p_node_day"], FIELD["nodes"]),
          system_mtbf_h(FIELD["p_node_day"], FIELD["nodes"]),
-         "field report (Preflight domain brief): 1e-4 failures per node-day, 1,000 nodes"),
+         "field report: 1.0e-4 failures per node-day, 1,000 nodes"),
         ("Llama 3 405B", n3, p3, per_day3, failure_prob(p3, n3),
          mtbf_from_interruptions(LLAMA3["interruptions"], LLAMA3["days"]),
          "Dubey et al. 2024, \"The Llama 3 Herd of Models\" (arXiv 2407.21783), section 3.3.4: "
