@@ -6,8 +6,8 @@ from conftest import EXAMPLE, REPO
 from preflight.chapter import Measured
 from preflight.chapters import load_balance as C
 from preflight.findings import FindingSink
-from preflight.numfmt import fmt_value, percent
 from preflight.models import pipeline as P
+from preflight.numfmt import fmt_value, percent
 from preflight.profile import load_profile
 from preflight.records import load_records
 

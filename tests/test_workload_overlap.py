@@ -48,25 +48,32 @@ def _times(wl, t=0.003):
 def test_emulated_stack_holds_the_workload_shapes_and_waits_its_block_times():
     wl = W.load("tiny_lm.py:build", EXAMPLES)
     log: list = []
-    stack, waits = WO.emulated_stack(wl, _times(wl), "cpu", log)
+    stack = WO.emulated_stack(wl, _times(wl), "cpu", log)
+    waits = [w for _, _, w in WO.emulated_groups(wl, _times(wl))]
     real = [tuple(p.shape) for p in wl.model.parameters() if p.requires_grad]
     assert [tuple(p.shape) for p in stack.parameters()] == real          # same order: DDP's buckets alike
     assert [w["name"] for w in waits] == list(wl.blocks)
     assert all(w["forward_s"] == pytest.approx(0.001) and w["backward_s"] == pytest.approx(0.002) for w in waits)
     out = stack(torch.zeros(1, requires_grad=True))
     out.sum().backward()
-    assert len(log) == len(wl.blocks) and log == sorted(log)              # one backward end per block
+    # one backward end per block, each at least its 2 ms wait after the one before (sleep never returns early)
+    assert len(log) == len(wl.blocks) and all(b - a >= 0.002 for a, b in zip(log, log[1:]))
     assert all(torch.all(p.grad == 1e-3) for p in stack.parameters())
 
 
 def test_emulated_stack_counts_a_shared_tensor_once_and_keeps_parameters_outside_the_blocks(tmp_path):
     (tmp_path / "tied.py").write_text(textwrap.dedent(TIED))
     wl = W.load("tied.py:build", tmp_path)
-    stack, waits = WO.emulated_stack(wl, _times(wl), "cpu")
-    assert [w["name"] for w in waits] == ["(outside the blocks)", "a", "b"]
+    stack = WO.emulated_stack(wl, _times(wl), "cpu")
+    waits = [w for _, _, w in WO.emulated_groups(wl, _times(wl))]
+    # the model's own scale comes first in parameters() (before its children's), as DDP orders it
+    assert [w["name"] for w in waits] == ["(before the blocks)", "a", "b"]
     assert waits[0]["forward_s"] == waits[0]["backward_s"] == 0
     assert [w["params"] for w in waits] == [8, 72, 8]                      # b's weight is a's: counted once
     assert sum(p.numel() for p in stack.parameters()) == wl.params == 88
+    (tmp_path / "embed.py").write_text(textwrap.dedent(TIED).replace('"blocks": ["a", "b"]', '"blocks": ["b"]'))
+    wl = W.load("embed.py:build", tmp_path)                                # a's bias, registered first: before
+    assert [n for n, _, _ in WO.emulated_groups(wl, _times(wl))] == ["(before the blocks)", "b", "(after the blocks)"]
 
 
 def test_small_cap_makes_several_buckets_of_a_small_model():
@@ -85,6 +92,7 @@ def emulated(tmp_path_factory):
 def test_emulated_run_builds_the_workload_buckets_and_starts_them_in_backward(emulated):
     wl, r = emulated
     assert r["mode"] == "emulated" and r["label"].startswith("emulated device") and not r["cpu_note"]
+    assert WO.METHOD.version == 2
     assert r["grad_bytes"] == 4 * wl.params
     by = {row["config"]: row for row in r["rows"]}
     assert set(by) == set(WO.CONFIGS) and not any("loss_after_n" in row for row in r["rows"])
@@ -114,3 +122,11 @@ def test_overlap_finding_comes_from_the_emulated_run_and_bf16_from_the_real(emul
     sink = FindingSink()
     CW.add_communication_findings(sink, Measured(real, "measured (real)"))        # on GPUs: the real run only
     assert {x.id: x for x in sink.findings}["communication/overlap_saving"].source == "measured (real)"
+    sink = FindingSink()                                                   # a GPU record beats the emulation
+    CW.add_communication_findings(sink, Measured(real | {"backend": "nccl"}, "recorded (nccl)"),
+                                  Measured(r, "measured (emulated)"))
+    assert {x.id: x for x in sink.findings}["communication/overlap_saving"].source == "recorded (nccl)"
+    sink = FindingSink()                                                   # the emulated run alone: bytes too
+    CW.add_communication_findings(sink, None, Measured(r, "measured (emulated)"))
+    f = {x.id: x for x in sink.findings}
+    assert f["communication/gradient_bytes"].value == r["grad_bytes"] and f["communication/bf16_saving"].source == "not measured"

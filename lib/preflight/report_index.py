@@ -45,6 +45,8 @@ CHART_HEADINGS = {
     "allreduce_sweep": "All-reduce time per message size, measured and modelled",
     "overlap_emulated": "DDP step time per configuration (emulated device)",
     "overlap_real": "DDP step time per configuration (real compute)",
+    "overlap_workload": "DDP step time per configuration: your model, real compute",
+    "overlap_workload_emulated": "DDP step time per configuration: your model, emulated device",
     "padding_waste": "Padding waste per batching strategy",
     "padding_tokens_per_s": "Useful tokens per second per batching strategy",
     "schedule": "Pipeline schedule",

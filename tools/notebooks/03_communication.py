@@ -214,10 +214,11 @@ if wl:
     def _wl_overlap(mode):
         return ch.workload_measurement(bench_wloverlap.METHOD, lambda: bench_wloverlap.measure(wl, quick=ch.quick,
                                                                                                 mode=mode),
-                                       name=mode, match=lambda r: r["results"].get("mode") == mode)
+                                       name=mode, match=lambda r: (r.get("results") or {}).get("mode") == mode)
 
     wov = _wl_overlap("real")
-    wem = _wl_overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
+    gpus = wov is not None and wov.results.get("backend") == "nccl"       # a GPU record: overlap is real there
+    wem = _wl_overlap("emulated") if (nproc < 2 or not ch.device.is_gpu) and not gpus else None
     emulated = real = None
     for run, chart in ((wem, "overlap_workload_emulated"), (wov, "overlap_workload")):
         if run:

@@ -21,11 +21,12 @@ comm hook counts them and their bytes on the last step (DDP rebuilds its buckets
 labelled as such. ``emulated`` mode (the emulated device, always the CPU): rank 0 times each of the
 workload's blocks (forward + backward, ``workload_pipeline.block_times``, one thread) and every rank
 builds the workload as a stack of ``overlap.emulated_block``: one per block, holding copies of that
-block's trainable parameters (parameters outside every block in one more, first, with no time), whose
-forward waits a third and backward two thirds of the block's measured time (backward ~ 2x forward, as
-in 6N FLOPs per token) while the cores stay free. Its gradients are real tensors of the workload's
-shapes, so DDP builds the workload's own buckets and all-reduces them for real: the overlap an
-accelerator that computes at this CPU's measured pace would get. No loss there (the waits compute
+block's trainable parameters (``emulated_groups``: parameters outside every block in a block without
+time before or after them), whose forward waits a third and backward two thirds of the block's
+measured time (backward ~ 2x forward, as in 6N FLOPs per token) while the cores stay free. Its
+gradients are real tensors of the workload's shapes, so DDP builds the workload's own buckets and
+all-reduces them for real: the overlap an accelerator that computes at this CPU's measured pace
+would get. No loss there (the waits compute
 nothing); the update is plain SGD. ``emulated_blocks`` in the record: each block's wait.
 
     torchrun --nproc_per_node=2 -m preflight.bench.workload_overlap --entry my_workload.py:build \\
@@ -46,9 +47,11 @@ from pathlib import Path
 
 from preflight.bench import exit_worker
 from preflight.bench.overlap import average_gradients
+from preflight.bench.workload_pipeline import block_modules
 from preflight.records import Method
 
-METHOD = Method("workload_overlap", 1, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
+# version 2: results["mode"] is "real" or "emulated" (rows without a loss); version 1 was real only
+METHOD = Method("workload_overlap", 2, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
                                                  "buckets"))
 MODES = ("real", "emulated")
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
@@ -132,29 +135,48 @@ def _runner(config: str, model, step_loss, make_optimizer, batches, device, worl
     return step, k, finish, buckets
 
 
-def emulated_stack(wl, times: list[dict], device, log: list | None = None):
-    """The workload as emulated-device blocks (``overlap.emulated_block``), in block order, from
-    ``times`` (``block_times`` rows): each block's trainable parameters, each shared tensor in the
-    first block that holds it; parameters outside every block in one first block without time.
-    ``[{name, params, forward_s, backward_s}]`` of the waits comes with it. ``log`` gets each block's
-    backward end (``perf_counter``)."""
-    from torch import nn
-
-    from preflight.bench.overlap import emulated_block
-    from preflight.bench.workload_pipeline import block_modules
-
+def emulated_groups(wl, times: list[dict]) -> list[tuple[str, list, dict]]:
+    """The emulated blocks' contents: ``[(name, parameters, wait)]`` in forward order, ``wait`` =
+    ``{name, params, forward_s, backward_s}`` from ``times`` (``block_times`` rows; forward a third of
+    the block's time, backward two thirds). Each trainable parameter once, in the first block that holds
+    it; parameters outside every block go into a block without time before the blocks, or after them,
+    by where ``model.parameters()`` yields them: the order DDP's first buckets assume (an embedding
+    before the first block, an untied head after the last; a module's own parameters before its
+    children's)."""
     seen, groups = set(), []
     for (name, mod), t in zip(block_modules(wl), times):
         ps = [p for p in mod.parameters() if p.requires_grad and id(p) not in seen]
         seen.update(id(p) for p in ps)
         groups.append((name, ps, t["time_s"]))
-    outside = [p for p in wl.model.parameters() if p.requires_grad and id(p) not in seen]
-    if outside:
-        groups.insert(0, ("(outside the blocks)", outside, 0.0))
-    waits = [{"name": n, "params": sum(p.numel() for p in ps), "forward_s": t / 3, "backward_s": 2 * t / 3}
-             for n, ps, t in groups]
-    stack = nn.Sequential(*(emulated_block(ps, w["forward_s"], w["backward_s"], log) for (_, ps, _), w in zip(groups, waits)))
-    return stack.to(device), waits
+    before, after = [], []
+    for p in wl.model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            (after if _after_the_blocks(wl, p, seen) else before).append(p)
+    groups = ([("(before the blocks)", before, 0.0)] if before else []) + groups + (
+        [("(after the blocks)", after, 0.0)] if after else [])
+    return [(n, ps, {"name": n, "params": sum(p.numel() for p in ps), "forward_s": t / 3, "backward_s": 2 * t / 3})
+            for n, ps, t in groups]
+
+
+def _after_the_blocks(wl, param, in_blocks: set) -> bool:
+    """Whether ``model.parameters()`` yields ``param`` after the first parameter of the blocks."""
+    for p in wl.model.parameters():
+        if id(p) in in_blocks:
+            return True
+        if p is param:
+            return False
+    return False
+
+
+def emulated_stack(wl, times: list[dict], device, log: list | None = None):
+    """The workload as emulated-device blocks (``overlap.emulated_block``) of ``emulated_groups``, on
+    ``device``. ``log`` gets each block's backward end (``perf_counter``)."""
+    from torch import nn
+
+    from preflight.bench.overlap import emulated_block
+
+    return nn.Sequential(*(emulated_block(ps, w["forward_s"], w["backward_s"], log)
+                           for _, ps, w in emulated_groups(wl, times))).to(device)
 
 
 def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode: str = "real") -> dict | None:
@@ -171,7 +193,9 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
-    de, device = init_distributed(use_gpu=mode == "real", timeout=datetime.timedelta(seconds=300))
+    # emulated: the other ranks wait in the broadcast while rank 0 times the blocks (long on a large model)
+    de, device = init_distributed(use_gpu=mode == "real",
+                                  timeout=datetime.timedelta(seconds=1800 if mode == "emulated" else 300))
     rank, world = de["rank"], de["world_size"]
     try:
         wl = load(entry, base)                           # seeded: the same initial weights on every rank
@@ -184,14 +208,14 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode
             logs = {c: [] for c in CONFIGS}         # each configuration's blocks' backward ends
 
             def make(config):
-                return emulated_stack(wl, shared[0], device, logs[config])[0]
+                return emulated_stack(wl, shared[0], device, logs[config])
 
             def step_loss(x, _y, net):
                 return net(x).sum()
 
             def make_optimizer(params):
                 return torch.optim.SGD(params, lr=1e-3)
-            waits = emulated_stack(wl, shared[0], "cpu")[1]
+            waits = [w for _, _, w in emulated_groups(wl, shared[0])]
         else:
             init = copy.deepcopy(wl.model.state_dict())
             held_out = tuple(to_device(t, device) for t in wl.batch())

@@ -134,12 +134,15 @@ def _fusion_finding(f: dict) -> dict:
 def add_communication_findings(sink: FindingSink, run, emulated=None, why_missing: str = NOT_MEASURED) -> None:
     """Chapter 3 on the workload: ``run`` (``workload_overlap``, real compute, DDP on 2 ranks) or None;
     ``emulated`` (the same method in emulated-device mode, on a CPU) or None. The overlap saving comes
-    from the emulated run where there is one (on a CPU real compute cannot overlap), else from the real
-    run; gradient bytes and the bf16 drift of the workload's own loss from the real run."""
+    from a real run on NCCL (GPUs), else from the emulated run where there is one (on a CPU real compute
+    cannot overlap), else from the real run; gradient bytes from the real run (else the emulated one:
+    the same shapes) and the bf16 drift of the workload's own loss from the real run only."""
     fix = "Keep DDP's bucketing on, accumulate with no_sync() where the batch allows, compress only after checking the loss."
     missing = dict(why_missing=why_missing, missing_fix=fix)
-    sink.measured("communication/gradient_bytes", run, "bytes", _named(_grad_bytes_finding), **missing)
-    sink.measured("communication/overlap_saving", emulated or run, "fraction", _named(_overlap_finding), **missing)
+    real_overlap = run is not None and run.results.get("backend") == "nccl"       # GPUs: the real thing
+    sink.measured("communication/gradient_bytes", run or emulated, "bytes", _named(_grad_bytes_finding), **missing)
+    sink.measured("communication/overlap_saving", run if real_overlap else (emulated or run), "fraction",
+                  _named(_overlap_finding), **missing)
     sink.measured("communication/bf16_saving", run, "fraction", _named(_bf16_finding), **missing)
 
 
@@ -170,8 +173,8 @@ def _overlap_finding(r: dict) -> dict:
         small = by["ddp_bucket_small"]
         why = (f" Emulated device: each block waits its measured time, the cores stay free, the gradients are "
                f"real. With the small cap {small['launched_in_backward']} of {plural(small['buckets'], 'bucket')} "
-               "started their all-reduce while backward still ran (the first block's never can); one bucket "
-               "starts only when backward ends. Differences under ~10 % are noise on a shared CPU.")
+               "started their all-reduce while backward still ran (the last one of backward never can); one "
+               "bucket starts only when backward ends. Differences under ~10 % are noise on a shared CPU.")
     elif r["device_kind"] == "cpu":
         why = (" On a CPU backward keeps the cores busy and the all-reduce cannot hide behind it: differences of a "
                "few percent are noise here; on GPUs with NCCL this is the real overlap.")
