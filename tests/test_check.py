@@ -79,5 +79,6 @@ def test_no_torch_and_within_two_seconds():
         assert r.returncode == 0, r.stderr
         best = min(best, cpu_s)
     # The budget in CPU seconds: the work done, which another job on the cores barely changes (wall
-    # time did: 2 s was passed beside a loaded suite). Idle, wall and CPU time agree (1.18 s measured).
+    # time did: 2 s was passed beside a loaded suite). Idle, they agree: 1.65-1.93 s wall, 1.75-2.0 CPU-s on
+    # 2026-12-02, a box ~1.5x slower than the day of the 1.18 s measured before.
     assert best < 2.0, f"check used {best:.2f} CPU-s (budget 2 s)"

@@ -76,7 +76,7 @@ def test_emulated_stack_counts_a_shared_tensor_once_and_keeps_parameters_outside
     assert [n for n, _, _ in WO.emulated_groups(wl, _times(wl))] == ["(before the blocks)", "b", "(after the blocks)"]
 
 
-def test_small_cap_makes_several_buckets_of_a_small_model():
+def test_small_cap_is_a_quarter_of_a_small_models_gradients():
     small = [torch.zeros(1000)]                                            # 4 kB of gradients
     caps = WO.bucket_caps_mb(small)
     assert caps["ddp_bucket_small"] == pytest.approx(4000 / 4 / 2**20) and caps["ddp_bucket_huge"] == 2

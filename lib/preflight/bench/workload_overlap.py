@@ -26,8 +26,8 @@ time before or after them), whose forward waits a third and backward two thirds 
 measured time (backward ~ 2x forward, as in 6N FLOPs per token) while the cores stay free. Its
 gradients are real tensors of the workload's shapes, so DDP builds the workload's own buckets and
 all-reduces them for real: the overlap an accelerator that computes at this CPU's measured pace
-would get. No loss there (the waits compute
-nothing); the update is plain SGD. ``emulated_blocks`` in the record: each block's wait.
+would get. No loss there (the waits compute nothing); the update is plain SGD. ``emulated_blocks``
+in the record: each block's wait.
 
     torchrun --nproc_per_node=2 -m preflight.bench.workload_overlap --entry my_workload.py:build \\
         --base DIR --out DIR [--mode emulated] [--quick]
@@ -148,24 +148,15 @@ def emulated_groups(wl, times: list[dict]) -> list[tuple[str, list, dict]]:
         ps = [p for p in mod.parameters() if p.requires_grad and id(p) not in seen]
         seen.update(id(p) for p in ps)
         groups.append((name, ps, t["time_s"]))
-    before, after = [], []
+    before, after, past_first_block = [], [], False
     for p in wl.model.parameters():
+        past_first_block = past_first_block or id(p) in seen
         if p.requires_grad and id(p) not in seen:
-            (after if _after_the_blocks(wl, p, seen) else before).append(p)
+            (after if past_first_block else before).append(p)
     groups = ([("(before the blocks)", before, 0.0)] if before else []) + groups + (
         [("(after the blocks)", after, 0.0)] if after else [])
     return [(n, ps, {"name": n, "params": sum(p.numel() for p in ps), "forward_s": t / 3, "backward_s": 2 * t / 3})
             for n, ps, t in groups]
-
-
-def _after_the_blocks(wl, param, in_blocks: set) -> bool:
-    """Whether ``model.parameters()`` yields ``param`` after the first parameter of the blocks."""
-    for p in wl.model.parameters():
-        if id(p) in in_blocks:
-            return True
-        if p is param:
-            return False
-    return False
 
 
 def emulated_stack(wl, times: list[dict], device, log: list | None = None):
