@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 PROFILE ?= data/profiles/example.yaml
 AUDIT_ARGS ?=
 PYTEST_ARGS ?= -q -rs
+# make test runs the suite in this many processes (pytest-xdist; a test file stays on one, see
+# tests/conftest.py). TEST_WORKERS=0: one process, in the order of the files.
+TEST_WORKERS ?= 2
 # make wheelhouse: which interpreter / platform the wheels are for (an air-gapped cluster's).
 WHEEL_PY ?= 3.11
 WHEEL_PLATFORM ?= manylinux_2_28_x86_64
@@ -73,7 +76,7 @@ test: setup
 	  rm -f "$$log"; \
 	fi
 	$(VENV)/bin/ruff check lib tests tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## The linter alone (make test runs it first): pyflakes, pycodestyle, import order, bugbear, pyupgrade.
 lint: setup
