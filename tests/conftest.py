@@ -53,7 +53,7 @@ LONGEST_FIRST = ("test_workload_audit.py",   # two measured workload audits, ~50
 def pytest_collection_modifyitems(config, items):
     """One xdist group per test file (a file's tests on one worker), the longest files first."""
     for item in items:
-        if not item.get_closest_marker("xdist_group"):
+        if config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(Path(item.fspath).stem))
 
     def rank(item):

@@ -136,5 +136,7 @@ def test_broken_records_are_named_and_not_used(cluster_run):
         assert e["origin"] == "not measured" and any(why in p for p in e["refused"]), e
         nb = (out / "notebooks").glob(f"*_{chapter}.ipynb")
         assert why in next(nb).read_text(), f"the chapter does not say why the {method} record was refused"
-    assert entry("fault_tolerance", "resume")["origin"] == "not measured"      # unreadable: skipped, no crash
+    torn = entry("fault_tolerance", "resume")                                  # unreadable: named, no crash
+    assert torn["origin"] == "not measured" and any(p.startswith("resume.json: not a readable record (JSONDecodeError")
+                                                    for p in torn["refused"]), torn
     assert entry("fault_tolerance", "ckptstall")["origin"] == "recorded"       # the intact ones still count

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO
 from preflight.chapter import start
-from preflight.records import Method, device_mismatch, load_records, save_record
+from preflight.records import Method, device_mismatch, load_records, save_record, unreadable_records
 
 CPU = {"kind": "cpu", "name": "Some CPU", "table_key": None, "label": "Some CPU (CPU fallback)"}
 H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "table_key": "H100-SXM", "label": "NVIDIA H100 (GPU)"}
@@ -99,6 +99,29 @@ def test_unreadable_files_are_skipped(tmp_path):
     (tmp_path / "torn.json").write_text('{"method": "demo", "results": ')
     save_record(rec(), tmp_path)
     assert [r["method"] for r in load_records(tmp_path, "demo")] == ["demo"]
+
+
+def test_a_torn_record_is_named_in_the_chapter(tmp_path, capsys):
+    """A file named as a record of the method (``demo-new.json``) that does not parse is skipped by
+    load_records and named by the chapter, with the parser's reason; a file of another method's name
+    (``demo_other.json``: not ``demo`` nor ``demo-*``) is not this method's concern."""
+    results = tmp_path / "results"
+    save_record(rec(date="2026-01-01T00:00:00+00:00", device=H100), results, name="old")
+    (results / "demo-new.json").write_text('{"method": "demo", "results": ')
+    (results / "demo_other.json").write_text("not json")
+    (results / "demo-list.json").write_text("[1, 2]")
+    assert unreadable_records(results, "demo") == [
+        "demo-list.json: not a record (JSON without 'method' and 'results')",
+        "demo-new.json: not a readable record (JSONDecodeError: Expecting value: line 1 column 31 (char 30))"]
+    ch = start("baseline", REPO / "data" / "profiles" / "example.yaml", plan_only=True, results_dir=str(results))
+    m = ch.measurement(M, run=lambda: pytest.fail("must not measure"))
+    assert m.origin == "recorded" and "demo-old.json" in m.source             # the intact one is still used
+    assert "record not used: demo-new.json: not a readable record (JSONDecodeError" in capsys.readouterr().out
+    assert [p.split(":")[0] for p in ch.measurements[-1]["refused"]] == ["demo-list.json", "demo-new.json"]
+
+    (results / "demo-old.json").unlink()                                       # only unreadable ones left
+    assert ch.recorded(M) is None
+    assert ch.measurements[-1]["origin"] == "not measured" and len(ch.measurements[-1]["refused"]) == 2
 
 
 def test_a_newer_misfit_is_named_while_an_older_record_is_used(tmp_path, capsys):

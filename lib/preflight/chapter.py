@@ -18,7 +18,7 @@ from preflight import REPO, charts, progress
 from preflight.findings import FindingSink
 from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile, load_profile
-from preflight.records import Method, load_records, save_record
+from preflight.records import Method, load_records, save_record, unreadable_records
 
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
@@ -184,8 +184,8 @@ class Chapter:
         ``method`` (``match`` as in ``measurement``) in ``results_dir``, else None. Logged when a
         record is used or refused; when ``results_dir`` holds none, nothing is logged (it was not
         asked for)."""
-        if not self.results_dir or not [r for r in load_records(self.results_dir, method.name)
-                                         if match is None or match(r)]:
+        if not self.results_dir or not ([r for r in load_records(self.results_dir, method.name)
+                                          if match is None or match(r)] or unreadable_records(self.results_dir, method.name)):
             return None
         fit, problems = self._recorded(method, match)
         if not fit:
@@ -243,10 +243,11 @@ class Chapter:
 
     def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
         """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record
-        that does not (printed in the chapter: file, and why)."""
+        that does not (printed in the chapter: file, and why), a file named as its record but unreadable
+        included (``records.unreadable_records``)."""
         if not self.results_dir:
             return [], []
-        fit, problems = [], []
+        fit, problems = [], unreadable_records(self.results_dir, method.name)
         for rec in load_records(self.results_dir, method.name):
             if match is not None and not match(rec):
                 continue

@@ -152,6 +152,26 @@ def load_records(folder: str | os.PathLike, method: str | None = None) -> list[d
     return sorted(recs, key=lambda r: r.get("date", ""))
 
 
+def unreadable_records(folder: str | os.PathLike, method: str) -> list[str]:
+    """One line per file in ``folder`` (recursively) that is named as a record of ``method`` is
+    (``<method>.json`` or ``<method>-<name>.json``, as ``save_record`` names it) but is not one: torn
+    or not JSON, or JSON without ``method`` and ``results``. ``load_records`` skips such a file; a
+    chapter names it with these lines, so that "no usable record" says why. A file named otherwise
+    cannot be tied to a method and is only skipped."""
+    lines = []
+    for p in sorted(Path(folder).rglob("*.json")):
+        if p.stem != method and not p.stem.startswith(method + "-"):
+            continue
+        try:
+            r = json.loads(p.read_text())
+        except (OSError, ValueError) as err:
+            lines.append(f"{p.name}: not a readable record ({type(err).__name__}: {str(err)[:120]})")
+            continue
+        if not (isinstance(r, dict) and "method" in r and "results" in r):
+            lines.append(f"{p.name}: not a record (JSON without 'method' and 'results')")
+    return lines
+
+
 def records_frame(records: list[dict]):
     """One row per record: method, date, device name, then flattened params and results."""
     import pandas as pd
