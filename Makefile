@@ -76,7 +76,7 @@ test: setup
 	  rm -f "$$log"; \
 	fi
 	$(VENV)/bin/ruff check lib tests tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## The linter alone (make test runs it first): pyflakes, pycodestyle, import order, bugbear, pyupgrade.
 lint: setup

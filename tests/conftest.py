@@ -35,11 +35,13 @@ def plan_findings(add_plan_findings, **changes):
     return out, {f.id: f for f in sink.findings}
 
 
-# `make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadgroup`): on a 2-core box one
+# `make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadfile`): on a 2-core box one
 # test mostly keeps one core busy (the quick measured audit: 112 % CPU), so two files at once nearly halve
-# the wall time. Each file is one xdist group, so it stays on one worker and its module fixtures (a
-# measured audit, a Slurm cluster, a JupyterLab server) run once. The longest files start first, so that
-# neither worker is left with one of them at the end (idle CI seconds, 7e0cf7c / 39d1f8d).
+# the wall time. `loadfile` keeps each file on one worker, so its module fixtures (a measured audit, a
+# Slurm cluster, a JupyterLab server) run once. (`loadgroup` would group by mark, but xdist 3.8 renames
+# the test ids for it through an attribute pytest 9 no longer reads: its groups are ignored.) The
+# longest files start first, so that neither worker is left with one of them at the end (idle CI
+# seconds at 7e0cf7c / 39d1f8d).
 LONGEST_FIRST = ("test_workload_audit.py",   # two measured workload audits, ~500 s
                  "test_browser.py",          # five chapters Run All in JupyterLab, ~350 s
                  "test_slurm.py",            # walltime requeue round trips, ~400 s
@@ -51,11 +53,7 @@ LONGEST_FIRST = ("test_workload_audit.py",   # two measured workload audits, ~50
 
 
 def pytest_collection_modifyitems(config, items):
-    """One xdist group per test file (a file's tests on one worker), the longest files first."""
-    for item in items:
-        if config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(Path(item.fspath).stem))
-
+    """The longest test files first (xdist hands out whole files in this order)."""
     def rank(item):
         name = Path(item.fspath).name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
