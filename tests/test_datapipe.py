@@ -1,6 +1,7 @@
 """Chapter 2 measurements on a real small dataset made here: directions and modest bounds, never
 hard-coded figures (the sizes are small, the machine is shared)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,39 @@ def test_prepare_writes_both_layouts_and_reuses_them(dataset, tmp_path):
     assert len(datapipe.layout_files(dataset["small"], "small_files")) == FILES
     assert dataset["shard_count"] >= 4                      # 400 x ~5 kB in 64 kB shards
     assert len(datapipe.layout_files(dataset["shards"], "shards")) == dataset["shard_count"]
-    again = datapipe.prepare(dataset["small"].rsplit("/", 1)[0], FILES, 64_000, seed=1)
+    work = Path(dataset["small"]).parents[1]                 # work/<set>/small
+    again = datapipe.prepare(work, FILES, 64_000, seed=1)
     assert again["reused"] and not dataset["reused"]          # read from dataset.json, nothing rewritten
     assert {k: v for k, v in again.items() if k != "reused"} == {k: v for k, v in dataset.items() if k != "reused"}
+
+
+def _prepare_in_child(work, files, queue):
+    queue.put(datapipe.prepare(work, files, 16_000, seed=2)["reused"])
+
+
+def test_concurrent_prepares_build_once_and_other_sets_do_not_clobber(tmp_path):
+    """Two processes preparing one set at once (two audits on one machine): one builds, the other waits
+    for the lock and reuses it. A set of other parameters in the same folder leaves the first intact
+    (each has its own folder), and the layout of format 1 (small/ and shards/ in work/) is removed."""
+    import multiprocessing as mp
+
+    (tmp_path / "small").mkdir()
+    (tmp_path / "dataset.json").write_text("{}")                      # a format-1 leftover
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child, args=(tmp_path, 60, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(queue.get(timeout=5) for _ in procs) == [False, True]    # built once, reused once
+    assert not (tmp_path / "small").exists() and not (tmp_path / "dataset.json").exists()
+    first = datapipe.prepare(tmp_path, 60, 16_000, seed=2)
+    other = datapipe.prepare(tmp_path, 30, 16_000, seed=2)
+    assert first["reused"] and not other["reused"] and first["small"] != other["small"]
+    assert len(datapipe.layout_files(first["small"], "small_files")) == 60     # untouched by the other set
+    assert datapipe.prepare(tmp_path, 60, 16_000, seed=2)["reused"]
 
 
 def test_small_files_are_slower_than_shards(dataset):
@@ -96,8 +127,10 @@ def test_tuner_workers_beat_in_process_loading(dataset):
         asked = df["consumed_at"] - df["wait_s"]           # when the loop called next()
         early[s["num_workers"]] = float((df["produced_at"] - df["prep_s"] < asked - 1e-4).mean())
     # in the loop, a batch's transforms run inside next(): never before it was asked for; the worker
-    # starts the next batch as soon as it has handed one over, i.e. while the loop still 'computes'
-    assert early[0] == 0 and early[1] >= 0.9, early
+    # starts the next batch as soon as it has handed one over, i.e. while the loop still 'computes'. Idle,
+    # every batch was begun early; beside a CPU hog and a second test process, 0.7 of them (the worker
+    # is not always scheduled in time): the bound is the mechanism (some, not none), not the share
+    assert early[0] == 0 and early[1] >= 0.3, early
 
 
 def test_grid_and_best_setting():

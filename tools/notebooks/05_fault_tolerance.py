@@ -41,6 +41,9 @@ shared_dir = ""         # the "shared" file system for checkpoints (default: dat
 print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pandas as pd
 
@@ -59,7 +62,9 @@ print(f"project {prof.project}: {c.nodes} nodes x {c.gpus_per_node} GPUs, {sci(c
       f"node-day, {t.run_days:g}-day run, walltime {c.walltime_h:g} h, checkpoint write {t.checkpoint_write_s:g} s, "
       f"restart {t.restart_s:g} s")
 ch.announce()
-work = REPO / ".cache" / "fault_tolerance"
+(REPO / ".cache" / "fault_tolerance").mkdir(parents=True, exist_ok=True)
+work = Path(tempfile.mkdtemp(prefix="run-", dir=REPO / ".cache" / "fault_tolerance"))   # this run's own: two
+# audits at once never share (or clear) each other's checkpoints; removed at the end of the chapter
 shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5") if prof.data.scratch_dir
                         else str(work / "shared"))
 
@@ -242,7 +247,6 @@ if stall:
 # the previous one. A checkpoint whose pickle would run code is refused by `weights_only=True`.
 
 # %%
-import shutil
 import warnings
 
 import torch
@@ -415,6 +419,7 @@ ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "me
 
 # %%
 ch.next_steps()
+shutil.rmtree(work, ignore_errors=True)      # this run's scratch folder (§0): its measurements are done
 
 # %% [markdown]
 # Levers: measure your site's interruptions per node-day and set the interval from them, save the full

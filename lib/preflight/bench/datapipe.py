@@ -14,6 +14,7 @@ local disk it is a lower bound, and the listing on a parallel file system comes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -22,42 +23,63 @@ from pathlib import Path
 import numpy as np
 
 from preflight.bench import samples as S
+from preflight.fsutil import atomic_write_text
 from preflight.records import Method
 
 METHOD = Method("datapipe", 1, required=("dataset.shard_count", "dataset.params.files", "storage.filesystem",
                                          "preprocessing", "assembly", "consume.step_s", "h2d", "cores"))
-DATASET_FORMAT = 1                # the test dataset's layout; a change rebuilds it (``prepare``)
+DATASET_FORMAT = 2                # the test dataset's layout; a change rebuilds it (``prepare``; 2: a folder per set)
 DEFAULT = {"files": 20_000, "shard_size": "8MB"}   # the demo set (real data: 200-500 MB shards)
 QUICK = {"files": 2000, "shard_size": "1MB"}       # --quick / a quick audit: a smoke-test dataset
 
 
 # ---------------------------------------------------------------- the two layouts of one dataset
 def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0) -> dict:
-    """Small files under ``work/small`` and the same samples as shards under ``work/shards``.
+    """Small files under ``work/<set>/small`` and the same samples as shards under ``work/<set>/shards``,
+    ``<set>`` naming the parameters (``2000-files-1000000-B-seed0-v2``).
 
-    Reused when ``work/dataset.json`` says they were made with the same parameters (the first run
-    pays for writing tens of thousands of files: that cost is itself a small-file lesson)."""
+    Reused when ``<set>/dataset.json`` says it is complete (the first run pays for writing tens of
+    thousands of files: that cost is itself a small-file lesson). Safe when several processes prepare
+    at once (two audits on one machine, a workshop room on one shared disk): the check and the build
+    hold an exclusive lock on ``work/.lock``, and each parameter set has its own folder, so building
+    one never removes the files another process is reading. Delete ``work`` to reclaim the space."""
     from preflight import shards
 
     work = Path(work)
-    stamp = work / "dataset.json"
     want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": DATASET_FORMAT}
-    if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
-        return dict(json.loads(stamp.read_text()), reused=True)
+    root = work / f"{files}-files-{shard_bytes}-B-seed{seed}-v{DATASET_FORMAT}"
+    stamp = root / "dataset.json"
     work.mkdir(parents=True, exist_ok=True)
-    stamp.unlink(missing_ok=True)
-    for sub in ("small", "shards"):
-        _rmtree(work / sub)
-    t = time.perf_counter()
-    made = S.write_small_files(work / "small", files, seed=seed)
-    write_s = time.perf_counter() - t
-    conv = shards.convert(work / "small", work / "shards", shard_bytes, force=True)
-    os.sync()
-    info = {"params": want, "small": str(work / "small"), "shards": str(work / "shards"),
-            "bytes": made["bytes"], "write_small_files_s": write_s, "convert_s": conv["seconds"],
-            "shard_count": conv["shards"]}
-    stamp.write_text(json.dumps(info, indent=1))
+    with _locked(work / ".lock"):
+        if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
+            return dict(json.loads(stamp.read_text()), reused=True)
+        for old in (work / "small", work / "shards", root / "small", root / "shards"):   # format 1 kept them in work/
+            _rmtree(old)
+        (work / "dataset.json").unlink(missing_ok=True)
+        t = time.perf_counter()
+        made = S.write_small_files(root / "small", files, seed=seed)
+        write_s = time.perf_counter() - t
+        conv = shards.convert(root / "small", root / "shards", shard_bytes, force=True)
+        os.sync()
+        info = {"params": want, "small": str(root / "small"), "shards": str(root / "shards"),
+                "bytes": made["bytes"], "write_small_files_s": write_s, "convert_s": conv["seconds"],
+                "shard_count": conv["shards"]}
+        atomic_write_text(stamp, json.dumps(info, indent=1))          # last: its presence means complete
     return dict(info, reused=False)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive ``flock`` on ``path`` for the block. A file system without flock (some parallel
+    file systems mounted without it) raises OSError: the block then runs unlocked, as it always did."""
+    import fcntl
+
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
 
 
 def _rmtree(p: Path) -> None:
