@@ -418,8 +418,10 @@ ch.table(ch.findings.frame()[["id", "value", "unit", "verdict", "threshold", "me
 #   an elastic restart and the walltime requeue bring the job back by themselves.
 
 # %%
-ch.next_steps()
 shutil.rmtree(work, ignore_errors=True)      # this run's scratch folder (§0): its measurements are done
+
+# %%
+ch.next_steps()
 
 # %% [markdown]
 # Levers: measure your site's interruptions per node-day and set the interval from them, save the full
