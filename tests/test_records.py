@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO
 from preflight.chapter import start
-from preflight.records import Method, device_mismatch, load_records, save_record, unreadable_records
+from preflight.records import Method, device_mismatch, load_records, read_records, save_record
 
 CPU = {"kind": "cpu", "name": "Some CPU", "table_key": None, "label": "Some CPU (CPU fallback)"}
 H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "table_key": "H100-SXM", "label": "NVIDIA H100 (GPU)"}
@@ -110,7 +110,7 @@ def test_a_torn_record_is_named_in_the_chapter(tmp_path, capsys):
     (results / "demo-new.json").write_text('{"method": "demo", "results": ')
     (results / "demo_other.json").write_text("not json")
     (results / "demo-list.json").write_text("[1, 2]")
-    assert unreadable_records(results, "demo") == [
+    assert read_records(results, "demo")[1] == [
         "demo-list.json: not a record (JSON without 'method' and 'results')",
         "demo-new.json: not a readable record (JSONDecodeError: Expecting value: line 1 column 31 (char 30))"]
     ch = start("baseline", REPO / "data" / "profiles" / "example.yaml", plan_only=True, results_dir=str(results))

@@ -18,7 +18,7 @@ from preflight import REPO, charts, progress
 from preflight.findings import FindingSink
 from preflight.fsutil import atomic_write_text
 from preflight.profile import Profile, load_profile
-from preflight.records import Method, load_records, save_record, unreadable_records
+from preflight.records import Method, read_records, save_record
 
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
@@ -184,10 +184,12 @@ class Chapter:
         ``method`` (``match`` as in ``measurement``) in ``results_dir``, else None. Logged when a
         record is used or refused; when ``results_dir`` holds none, nothing is logged (it was not
         asked for)."""
-        if not self.results_dir or not ([r for r in load_records(self.results_dir, method.name)
-                                          if match is None or match(r)] or unreadable_records(self.results_dir, method.name)):
+        if not self.results_dir:
             return None
-        fit, problems = self._recorded(method, match)
+        recs, unreadable = read_records(self.results_dir, method.name)
+        if not ([r for r in recs if match is None or match(r)] or unreadable):
+            return None
+        fit, problems = self._recorded(method, match, (recs, unreadable))
         if not fit:
             self._log(method, None, "not measured", "not measured", problems)
             return None
@@ -241,14 +243,16 @@ class Chapter:
                   "(`audit --results DIR`); what is shown here is computed from the profile, and the measured "
                   "finding reads \"not measured\".")
 
-    def _recorded(self, method: Method, match: Callable[[dict], bool] | None) -> tuple[list[dict], list[str]]:
+    def _recorded(self, method: Method, match: Callable[[dict], bool] | None,
+                  found: tuple[list[dict], list[str]] | None = None) -> tuple[list[dict], list[str]]:
         """The records of ``method`` in ``results_dir`` that fit (oldest first), and one line per record
         that does not (printed in the chapter: file, and why), a file named as its record but unreadable
-        included (``records.unreadable_records``)."""
+        included. ``found``: what ``records.read_records`` returned, when the caller has read it."""
         if not self.results_dir:
             return [], []
-        fit, problems = [], unreadable_records(self.results_dir, method.name)
-        for rec in load_records(self.results_dir, method.name):
+        recs, unreadable = found or read_records(self.results_dir, method.name)
+        fit, problems = [], list(unreadable)
+        for rec in recs:
             if match is not None and not match(rec):
                 continue
             why = method.check(rec, self.expected_device)

@@ -139,37 +139,32 @@ def save_record(record: dict, out_dir: str | os.PathLike, name: str | None = Non
 
 def load_records(folder: str | os.PathLike, method: str | None = None) -> list[dict]:
     """All records in ``folder`` (recursively), optionally those of one method, oldest first."""
-    recs = []
-    for p in sorted(Path(folder).rglob("*.json")):
-        try:
-            r = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(r, dict) and "method" in r and "results" in r:
-            if method is None or r["method"] == method:
-                r["_path"] = str(p)
-                recs.append(r)
-    return sorted(recs, key=lambda r: r.get("date", ""))
+    return read_records(folder, method)[0]
 
 
-def unreadable_records(folder: str | os.PathLike, method: str) -> list[str]:
-    """One line per file in ``folder`` (recursively) that is named as a record of ``method`` is
-    (``<method>.json`` or ``<method>-<name>.json``, as ``save_record`` names it) but is not one: torn
-    or not JSON, or JSON without ``method`` and ``results``. ``load_records`` skips such a file; a
-    chapter names it with these lines, so that "no usable record" says why. A file named otherwise
-    cannot be tied to a method and is only skipped."""
-    lines = []
+def read_records(folder: str | os.PathLike, method: str | None = None) -> tuple[list[dict], list[str]]:
+    """``load_records``, and one line per file named as a record of ``method`` is (``<method>.json``
+    or ``<method>-<name>.json``, as ``save_record`` names it) that is not one: torn or not JSON, or
+    JSON without ``method`` and ``results``. Such a file is skipped; a chapter names it with these
+    lines, so that "no usable record" says why. A file named otherwise cannot be tied to a method and
+    is only skipped (as every unreadable file is when ``method`` is None). Each file is read once."""
+    recs, unreadable = [], []
     for p in sorted(Path(folder).rglob("*.json")):
-        if p.stem != method and not p.stem.startswith(method + "-"):
-            continue
+        named = method is not None and (p.stem == method or p.stem.startswith(method + "-"))
         try:
             r = json.loads(p.read_text())
         except (OSError, ValueError) as err:
-            lines.append(f"{p.name}: not a readable record ({type(err).__name__}: {str(err)[:120]})")
+            if named:
+                unreadable.append(f"{p.name}: not a readable record ({type(err).__name__}: {str(err)[:120]})")
             continue
         if not (isinstance(r, dict) and "method" in r and "results" in r):
-            lines.append(f"{p.name}: not a record (JSON without 'method' and 'results')")
-    return lines
+            if named:
+                unreadable.append(f"{p.name}: not a record (JSON without 'method' and 'results')")
+            continue
+        if method is None or r["method"] == method:
+            r["_path"] = str(p)
+            recs.append(r)
+    return sorted(recs, key=lambda r: r.get("date", "")), unreadable
 
 
 def records_frame(records: list[dict]):

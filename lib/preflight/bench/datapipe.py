@@ -51,8 +51,9 @@ def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0
     stamp = root / "dataset.json"
     work.mkdir(parents=True, exist_ok=True)
     with _locked(work / ".lock"):
-        if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
-            return dict(json.loads(stamp.read_text()), reused=True)
+        done = json.loads(stamp.read_text()) if stamp.exists() else {}
+        if done.get("params") == want:
+            return dict(done, reused=True)
         for old in (work / "small", work / "shards", root / "small", root / "shards"):   # format 1 kept them in work/
             _rmtree(old)
         (work / "dataset.json").unlink(missing_ok=True)
