@@ -184,6 +184,46 @@ def test_in_process_plan_only_matches_the_kernels(tmp_path):
     assert "<svg" in page and "Traceback" not in page
 
 
+def test_plan_only_audit_never_imports_torch(tmp_path):
+    """Issue 18: formulas need no torch. The plan-only audit's chapters import the bench modules for
+    their methods and result readers only (torch is imported inside the functions that measure), and
+    the machine is probed in a child process (preflight.device.BackgroundProbe) while they run."""
+    import subprocess
+    import sys
+
+    code = _RUN + "; print('torch imported:', 'torch' in sys.modules, 'webdataset imported:', 'webdataset' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code, str(EXAMPLE), str(tmp_path / "r"), "inprocess"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "torch imported: False webdataset imported: False" in r.stdout, r.stdout[-2000:]
+    s = _summary(tmp_path / "r")
+    assert [c["status"] for c in s["chapters"]] == ["ok"] * 5
+    assert s["machine"]["torch"] and s["machine"]["label"] and s["versions"]["torch"]   # the child's probe
+
+
+def test_a_chart_that_fails_to_render_fails_its_chapter_only():
+    """In the plan-only shell a chart renders in a worker thread (Chapter.show); a failure there
+    becomes the chapter's error when the notebook is written, and the output says so."""
+    from concurrent.futures import Future
+
+    import nbformat
+
+    from preflight import inprocess
+
+    ok, bad = Future(), Future()
+    ok.set_result("<svg/>")
+    bad.set_exception(ValueError("no such mark"))
+    pending = []
+    outs = inprocess._Outputs(pending)
+    outs.display({"image/svg+xml": ok}, None, None, False)
+    outs.display({"image/svg+xml": bad}, None, None, False)
+    err = inprocess._wait_for_pending(pending)
+    assert isinstance(err, inprocess.CellError) and "no such mark" in err.evalue
+    assert outs.items[0]["data"] == {"image/svg+xml": "<svg/>"}
+    assert outs.items[1]["data"]["text/plain"].startswith("chart not rendered: ValueError")
+    nbformat.validate(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=outs.items)]))
+
+
 def test_fail_on_sets_exit_code(tmp_path):
     r = run_cli("audit", EXAMPLE, "--out", tmp_path / "o", "--plan-only", "--fail-on", "fail")
     assert r.returncode == 1   # the example plan fails the Amdahl and efficiency checks

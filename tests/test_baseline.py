@@ -135,7 +135,7 @@ def test_loader_gives_next_token_targets():
     x, y = next(iter(bl.make_loader(cfg, "cpu")))
     assert x.shape == y.shape == (cfg.batch, cfg.seq_len)
     assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < cfg.vocab
-    assert torch.equal(bl.SyntheticTokens(cfg)[5][0], bl.SyntheticTokens(cfg)[5][0])   # deterministic
+    assert torch.equal(ref.SyntheticTokens(cfg)[5][0], ref.SyntheticTokens(cfg)[5][0])   # deterministic
 
 
 # ------------------------------------------------------------------------------------- FLOPs

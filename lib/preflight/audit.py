@@ -141,7 +141,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
     ``inprocess``."""
     from preflight import inprocess
-    from preflight.device import probe
+    from preflight.device import BackgroundProbe, probe
     from preflight.records import versions
 
     if executor not in ("auto", "kernel", "inprocess"):
@@ -150,6 +150,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     in_process = executor == "inprocess" or (executor == "auto" and not measuring and inprocess.available())
 
     available = discover(playbook)
+    # in this process nothing imports torch; the machine is probed in a child meanwhile (1 s less)
+    background = BackgroundProbe() if in_process and not measuring else None
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     atomic_write_text(out_dir / "index.html", _incomplete_page(
@@ -183,6 +185,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
                 kernels.settle_event_loop()
                 raise
 
+        machine, library_versions = background.result() if background else (probe().as_dict(), versions())
         summary = {
             "schema": "preflight-findings/1",
             "project": profile.project,
@@ -193,8 +196,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             "profile_path": str(profile_path),
             "workload": workload,
             "results_dir": str(results_dir) if results_dir else None,
-            "machine": probe().as_dict(),
-            "versions": versions(),
+            "machine": machine,
+            "versions": library_versions,
             "elapsed_s": round(time.perf_counter() - started, 1),
             "chapters": [{k: v for k, v in asdict(r).items() if k != "findings"} | {
                 "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
@@ -222,6 +225,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             f"{_short_error(err)}", runs), fsync=False)
         raise
     finally:
+        if background:
+            background.stop()
         if previous_handler is not None and not interrupted:
             signal.signal(signal.SIGINT, previous_handler)
     return summary

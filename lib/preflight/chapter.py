@@ -89,14 +89,24 @@ class Chapter:
                                 match=lambda r: (r.get("params") or {}).get("workload") == w and (match is None or match(r)))
 
     def show(self, name: str, chart) -> None:
-        """Display an Altair chart (SVG, offline) and keep it for the report's summary page."""
+        """Display an Altair chart (SVG, offline) and keep it for the report's summary page. In the
+        plan-only audit's shell (``preflight.inprocess``) the SVG renders in a worker thread and the
+        output waits for it until the notebook is written: the chapter's next cells run meanwhile."""
         from IPython.display import SVG, display
 
-        svg = charts.to_svg(chart)
+        from preflight import inprocess
+
+        path = None
         if self.out_dir:
             (self.out_dir / "charts").mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "charts" / f"{self.name}--{name}.svg").write_text(svg)
-        display(SVG(svg))
+            path = self.out_dir / "charts" / f"{self.name}--{name}.svg"
+        if inprocess.running():
+            display({"image/svg+xml": charts.render_later(chart, path)}, raw=True)
+        else:
+            svg = charts.to_svg(chart)
+            if path:
+                path.write_text(svg)
+            display(SVG(svg))
 
     def table(self, df) -> None:
         """Display a DataFrame as a plain HTML table for people (``preflight.tables.frame_html``: numbers

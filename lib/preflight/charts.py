@@ -8,6 +8,8 @@ and the report alike. ``use_offline_renderer()`` switches Altair globally; chapt
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import altair as alt
 import pandas as pd
@@ -31,10 +33,36 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
     """SVG of ``chart``, whatever its row count (a large pipeline schedule has thousands of bars; the
     data is embedded in the SVG's source, not served), fitted by ``preflight.chartfit.fit_spec`` so no
     text runs off its edge."""
+    return _render(_spec(chart))
+
+
+def render_later(chart: alt.TopLevelMixin, path: Path | None = None) -> Future:
+    """``to_svg(chart)`` in a worker thread, as a Future; the SVG is also written to ``path`` (before
+    the Future completes) when given. vl-convert releases the GIL while it renders, so the plan-only
+    audit's next cells run meanwhile on the other core (``preflight.inprocess`` waits for the SVG
+    when it writes the notebook). The spec is built here: Altair's settings are process-wide."""
+    global _RENDERER
+    spec = _spec(chart)
+    if _RENDERER is None:
+        _RENDERER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-charts")
+    return _RENDERER.submit(_render, spec, path)
+
+
+_RENDERER: ThreadPoolExecutor | None = None     # one thread: vl-convert has one rendering engine anyway
+
+
+def _spec(chart: alt.TopLevelMixin) -> dict:
+    with alt.data_transformers.disable_max_rows():
+        return chart.to_dict(validate=VALIDATE)
+
+
+def _render(spec: dict, path: Path | None = None) -> str:
     import vl_convert as vlc
 
-    with alt.data_transformers.disable_max_rows():
-        return vlc.vegalite_to_svg(fit_spec(chart.to_dict(validate=VALIDATE)))
+    svg = vlc.vegalite_to_svg(fit_spec(spec))
+    if path is not None:
+        path.write_text(svg)
+    return svg
 
 
 # Legend labels for people, from the models' column names.

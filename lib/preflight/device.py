@@ -145,3 +145,47 @@ def device_name(device) -> str | None:
 
     dev = torch.device(device)
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+
+
+class BackgroundProbe:
+    """``python -m preflight.device`` (this machine's probe and library versions, as JSON) in a child
+    process; ``result()`` waits for it and gives ``(machine dict, versions dict)``.
+
+    For the plan-only audit: probing imports torch (about 1 s on two cores), which nothing else in it
+    needs; the child does it on another core while the chapters run. If the child fails, the probe
+    runs here instead: the answer is the same, only slower. ``stop()`` ends the child (Ctrl-C)."""
+
+    def __init__(self):
+        import subprocess
+        import sys
+
+        self._child = subprocess.Popen([sys.executable, "-m", "preflight.device"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True)
+
+    def result(self, timeout_s: float = 120) -> tuple[dict, dict]:
+        import json
+        import subprocess
+
+        from preflight.records import versions
+
+        try:
+            out, _ = self._child.communicate(timeout=timeout_s)
+            got = json.loads(out) if self._child.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError):
+            got = None
+        finally:
+            self.stop()
+        return (got["machine"], got["versions"]) if got else (probe().as_dict(), versions())
+
+    def stop(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+
+
+if __name__ == "__main__":          # python -m preflight.device: what a record says about this machine
+    import json
+
+    from preflight.records import versions
+
+    print(json.dumps({"machine": probe().as_dict(), "versions": versions()}, indent=1))

@@ -21,6 +21,7 @@ import contextlib
 import io
 import os
 import signal
+from concurrent.futures import Future
 from pathlib import Path
 
 import nbformat
@@ -35,11 +36,14 @@ class CellError(Exception):
 
 
 class _Outputs:
-    """The outputs of the running cell, in the order they happened."""
+    """The outputs of the running cell, in the order they happened. A display whose data is still
+    being computed (a ``Future``: a chart ``Chapter.show`` renders in a worker thread) gets an empty
+    value and goes to ``pending`` (output, mimetype, future), filled in by ``_wait_for_pending``."""
 
-    def __init__(self):
+    def __init__(self, pending: list):
         self.items: list = []
         self.by_id: dict[str, dict] = {}
+        self.pending = pending
 
     def stream(self, name: str, text: str) -> None:
         if self.items and self.items[-1].get("output_type") == "stream" and self.items[-1]["name"] == name:
@@ -51,7 +55,10 @@ class _Outputs:
         if update and display_id in self.by_id:
             self.by_id[display_id].update(data=data, metadata=metadata or {})
             return
-        out = nbformat.v4.new_output("display_data", data=data, metadata=metadata or {})
+        later = {mime: value for mime, value in data.items() if isinstance(value, Future)}
+        out = nbformat.v4.new_output("display_data", data={mime: "" if mime in later else value
+                                                           for mime, value in data.items()}, metadata=metadata or {})
+        self.pending += [(out, mime, future) for mime, future in later.items()]
         self.items.append(out)
         if display_id:
             self.by_id[display_id] = out
@@ -110,6 +117,28 @@ def _shell():
     return shell
 
 
+def running() -> bool:
+    """Whether a chapter runs in this process's shell now: its displays may then hold a ``Future``
+    (``Chapter.show``), which a kernel could not send."""
+    return _running
+
+
+_running = False
+
+
+def _wait_for_pending(pending: list) -> CellError | None:
+    """Put each pending display's value in its output, as soon as it is ready (in display order); the
+    first that failed becomes the chapter's error, its output a line that says so."""
+    failed = None
+    for out, mime, future in pending:
+        try:
+            out["data"][mime] = future.result()
+        except Exception as err:  # noqa: BLE001 - a chart that did not render fails its chapter, not the audit
+            out["data"] = {"text/plain": f"chart not rendered: {type(err).__name__}: {err}"}
+            failed = failed or CellError(type(err).__name__, f"chart not rendered: {err}")
+    return failed
+
+
 def available() -> bool:
     """Whether this process can run chapters itself: not inside an IPython session already (a notebook
     calling ``run_audit`` keeps its own shell; the audit then starts kernels)."""
@@ -130,14 +159,17 @@ def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_
     nb = nbformat.read(src, as_version=4)
     at = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1)
     nb.cells.insert(at + 1, parameters_cell(parameters))
+    global _running
     shell = _shell()
     shell.reset(new_session=False)              # a fresh namespace per chapter, modules kept loaded
     failed = None
+    pending: list = []                          # charts still rendering (Chapter.show)
     old_cwd = os.getcwd()
     os.chdir(cwd)
+    _running = True
     try:
         for count, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
-            shell.pf_outputs = _Outputs()
+            shell.pf_outputs = _Outputs(pending)
             shell.execution_count = count
             result = _run_cell(shell, cell.source, timeout_s)
             cell.outputs, cell.execution_count = shell.pf_outputs.items, count
@@ -148,7 +180,10 @@ def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_
                 failed = CellError(type(err).__name__, str(err))
                 break
     finally:
+        _running = False
         os.chdir(old_cwd)
+        chart_failed = _wait_for_pending(pending)     # every chart in place, also after a failed cell
+        failed = failed or chart_failed
         nbformat.write(nb, dst)
     if failed:
         raise failed

@@ -28,8 +28,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from webdataset.tariterators import base_plus_ext
-
 FORMAT = "preflight-shards/1"
 MANIFEST = "manifest.json"
 
@@ -69,6 +67,8 @@ def list_samples(src: Path) -> tuple[list, list]:
     with ``_`` (reserved for ``__key__`` and friends) or samples with differing fields raise
     ``ShardError``. One directory listing per folder and no ``stat``: the point of sharding is to
     touch the metadata servers as little as possible."""
+    from webdataset.tariterators import base_plus_ext
+
     if not src.is_dir():
         raise ShardError(f"source {src}: {'not a folder' if src.exists() else 'no such folder'}")
     groups: dict[str, list] = {}

@@ -14,7 +14,9 @@ source gives the same shards, byte for byte), writes the manifest after every sh
 shard back with the training reader before marking the set complete.
 
 The reader's and the format's public names are re-exported here (``shards.shard_pipeline``,
-``shards.ShardError``, ``shards.load_manifest``, ...): one import for a notebook.
+``shards.ShardError``, ``shards.load_manifest``, ...): one import for a notebook. The reader's names
+load on first use (``__getattr__`` below): the reader and the writer import webdataset and torch
+(about 1 s), which ``parse_size`` and the format do not need, nor does a plan-only audit.
 """
 from __future__ import annotations
 
@@ -25,8 +27,6 @@ import re
 import tarfile
 import time
 from pathlib import Path
-
-import webdataset as wds
 
 from preflight.fsutil import atomic_write_text, fsync_dir
 from preflight.shardformat import (
@@ -41,10 +41,19 @@ from preflight.shardformat import (
     shard_name,
     shard_urls,
 )
-from preflight.shardread import SmallFileDataset, checked_samples, iter_shard, shard_pipeline, small_file_dataset
 
-__all__ = ["FORMAT", "MANIFEST", "ShardError", "SkipStats", "SmallFileDataset", "convert", "iter_shard",
+__all__ = ["FORMAT", "MANIFEST", "ShardError", "SkipStats", "SmallFileDataset", "convert", "iter_shard",  # noqa: F822 - the reader names load in __getattr__
            "load_manifest", "parse_size", "shard_name", "shard_pipeline", "shard_urls", "small_file_dataset"]
+_READER = ("SmallFileDataset", "checked_samples", "iter_shard", "shard_pipeline", "small_file_dataset")
+
+
+def __getattr__(name: str):
+    """``shards.shard_pipeline`` and the reader's other names, from ``preflight.shardread`` on first use."""
+    if name in _READER:
+        from preflight import shardread
+
+        return getattr(shardread, name)
+    raise AttributeError(f"module 'preflight.shards' has no attribute {name!r}")
 
 _MTIME = 0            # fixed member mtime: the same source bytes always give the same shard bytes
 _OWNER = "preflight"  # member uname/gname
@@ -106,6 +115,8 @@ def _tar_bytes(members: int) -> int:
 
 def _verify_shard(path: Path, entry: dict, fields: list) -> None:
     """Read one shard back (same checked reader as training) and compare it with its manifest entry."""
+    from preflight.shardread import checked_samples
+
     first = last = None
     try:
         with open(path, "rb") as f:
@@ -153,6 +164,8 @@ def convert(src, dst, shard_bytes: int, force: bool = False, progress=None) -> d
     run leaves only finished shards, and running the same conversion again verifies and keeps them.
     At the end every shard is read back and the sample count checked. ``progress(done_samples,
     total_samples, shards_done)`` is called after each shard."""
+    import webdataset as wds
+
     t0 = time.perf_counter()
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes <= 0:
         raise ValueError(f"shard_bytes = {shard_bytes!r}: accepted values are whole bytes, 1 or more")

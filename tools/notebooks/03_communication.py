@@ -137,7 +137,8 @@ else:
 from preflight.bench import allreduce as bench_allreduce
 from preflight.bench.launch import max_processes
 
-nproc = min(max_processes()[0], 8) if ch.device.is_gpu else 2
+gpus_here = ch.measure and ch.device.is_gpu      # live runs on GPUs (plan-only: nothing runs, nothing probed)
+nproc = min(max_processes()[0], 8) if gpus_here else 2
 one_node = lambda rec: int(rec["results"].get("nodes", 1) or 1) == 1      # noqa: E731
 sweep = (ch.measurement(bench_allreduce.METHOD, lambda: bench_allreduce.measure(nproc, quick=ch.quick), name=f"n{nproc}",
                         match=one_node) if nproc >= 2 else None)
@@ -218,7 +219,7 @@ if wl:
 
     wov = _wl_overlap("real")
     gpus = wov is not None and wov.results.get("backend") == "nccl"       # a GPU record: overlap is real there
-    wem = _wl_overlap("emulated") if (nproc < 2 or not ch.device.is_gpu) and not gpus else None
+    wem = _wl_overlap("emulated") if (nproc < 2 or not gpus_here) and not gpus else None
     emulated = real = None
     for run, chart in ((wem, "overlap_workload_emulated"), (wov, "overlap_workload")):
         if run:
@@ -229,7 +230,7 @@ if wl:
                                        title=f"Step time per configuration ({wl.name}, {run.results['label']})"))
 # 2 ranks always: on GPUs when there are 2, else on the CPU (gloo), where the emulated mode shows overlap
 else:
-    emulated = _overlap("emulated") if nproc < 2 or not ch.device.is_gpu else None
+    emulated = _overlap("emulated") if nproc < 2 or not gpus_here else None
     real = _overlap("real")
 for run in (emulated, real):
     if run:

@@ -209,7 +209,8 @@ bub = ch.measurement(bench_pipeline.BUBBLES, lambda: bench_pipeline.measure_bubb
 if bub:
     br = pd.DataFrame(bub.results["rows"])
     print(bub.source)
-    if ch.device.is_gpu and "ranks on" in br and (br["ranks on"] == "cpu").any():
+    on_gpus = (bub.record.get("device") or {}).get("kind") == "cuda"     # the machine of the record
+    if on_gpus and "ranks on" in br and (br["ranks on"] == "cpu").any():
         print("Fewer GPUs than pipeline ranks: those runs put every rank on the CPU (gloo); NCCL needs one GPU "
               "per rank. Run this measurement on a node with p GPUs for GPU numbers.")
     ch.table(br)

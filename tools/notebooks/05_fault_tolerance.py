@@ -247,43 +247,17 @@ if stall:
 # the previous one. A checkpoint whose pickle would run code is refused by `weights_only=True`.
 
 # %%
-import warnings
+from preflight.bench import corruption
 
-import torch
-
-from preflight import ckpt
-
-demo = work / "corruption"
-shutil.rmtree(demo, ignore_errors=True)
-for step in (10, 20):
-    ckpt.save({"step": step, "w": torch.full((1000,), float(step))}, demo, step)
-blob = demo / "step-00000020" / "state.pt"
-data = bytearray(blob.read_bytes())
-data[len(data) // 2] ^= 0xFF
-blob.write_bytes(bytes(data))
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    step, state, folder = ckpt.load_latest(demo)
-here = str(demo) + os.sep                 # paths in the messages, relative to the demo folder
-print(f"loaded step {step} from {folder.name}; the loader warned:")
-for w in caught:
-    print("  " + str(w.message).replace(here, ""))
-
-
-class Payload:
-    def __reduce__(self):
-        return (os.system, ("echo this should never run",))
-
-
-evil = demo / "step-00000030"
-evil.mkdir()
-torch.save({"step": 30, "boom": Payload()}, evil / "state.pt")
-ckpt._manifest(evil, 30, {"state.pt": ckpt.sha256_file(evil / "state.pt")})   # the attacker fixed the manifest too
-try:
-    ckpt.load(evil)
-except ValueError as err:
-    print("refused:", (str(err).split(". ")[0] + ".").replace(here, ""))
-shutil.rmtree(demo, ignore_errors=True)
+if ch.measure:
+    demo = corruption.demo(work / "corruption")
+    print(f"loaded step {demo['loaded_step']} from {demo['loaded_from']}; the loader warned:")
+    for message in demo["warnings"]:
+        print("  " + message)
+    print("refused:", demo["refused"] or "NOT refused: the hostile checkpoint loaded")
+    print("its payload ran:", "YES" if demo["ran_code"] else "no")
+else:
+    print("plan-only: this live demonstration runs when the chapter measures")
 
 # %% [markdown]
 # ## 5. Elastic restart: torchrun brings the job back

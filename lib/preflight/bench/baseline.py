@@ -23,12 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-import torch
-from torch.utils.data import DataLoader, Dataset
+from typing import TYPE_CHECKING
 
 from preflight import hardware
-from preflight.bench import reference as ref
 from preflight.bench.categories import category_table, op_table, profiler_log_filtered
 from preflight.bench.ceilings import matmul_rate
 from preflight.bench.nvml import NvmlSampler
@@ -38,31 +35,25 @@ from preflight.models.flops import mfu, train_flops_per_token
 from preflight.records import Method
 from preflight.timing import StepTimer, synchronize
 
+if TYPE_CHECKING:       # torch and the model are imported in the functions that measure: a plan-only audit never loads it
+    from torch.utils.data import DataLoader
+
+    from preflight.bench import reference as ref
+
 METHOD = Method("baseline", 1, required=("composition", "categories", "flops", "mfu", "memory", "throughput"))
 
 # ------------------------------------------------------------------------------------------- data
-class SyntheticTokens(Dataset):
-    """Random token sequences, generated per item from a per-index seed (deterministic, and real CPU
-    work for the loader: the data wait the loop measures is not zero by construction)."""
-
-    def __init__(self, cfg: ref.RefConfig, length: int = 1_000_000, seed: int = 0):
-        self.cfg, self.length, self.seed = cfg, length, seed
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(self.seed + i)
-        t = torch.randint(0, self.cfg.vocab, (self.cfg.seq_len + 1,), generator=g)
-        return t[:-1], t[1:]
-
-
 def make_loader(cfg: ref.RefConfig, device, num_workers: int | None = None) -> DataLoader:
     """GPU: 2 worker processes and pinned batches (asynchronous copies). CPU: loading in the main
     process, since extra workers would only steal the cores the model computes on."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from preflight.bench import reference as ref
+
     gpu = torch.device(device).type == "cuda"
     workers = (2 if gpu else 0) if num_workers is None else num_workers
-    return DataLoader(SyntheticTokens(cfg), batch_size=cfg.batch, num_workers=workers, pin_memory=gpu)
+    return DataLoader(ref.SyntheticTokens(cfg), batch_size=cfg.batch, num_workers=workers, pin_memory=gpu)
 
 
 # ---------------------------------------------------------------------------------------- FLOPs
@@ -81,6 +72,8 @@ def _attn_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> 
 def _cpu_attention_mapping() -> dict:
     """FlopCounterMode has formulas for the CUDA fused attention kernels but (torch 2.11-2.13) not
     for the CPU one, which it would count as 0 FLOPs; add it with the same convention."""
+    import torch
+
     aten, out = torch.ops.aten, {}
     for op, fn in (("_scaled_dot_product_flash_attention_for_cpu", _attn_flops),
                    ("_scaled_dot_product_flash_attention_for_cpu_backward", _attn_backward_flops)):
@@ -92,6 +85,8 @@ def _cpu_attention_mapping() -> dict:
 def count_flops(model, cfg: ref.RefConfig, x, y, device) -> dict:
     """FLOPs of one forward + backward, counted by ``FlopCounterMode`` and by ``6N + 12 L h s``."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from preflight.bench import reference as ref
 
     with FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping()) as fc:
         with ref.autocast(cfg, device):
@@ -116,6 +111,10 @@ def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
     storage, parameters and buffers excluded (under bf16 autocast the bf16 copies of the weights are saved
     tensors too, and are counted). This is a lower bound of the peak: transient buffers, gradients
     of activations in flight and allocator overhead are not in it."""
+    import torch
+
+    from preflight.bench import reference as ref
+
     with SavedTensors(exclude=model) as saved:
         with ref.autocast(cfg, device):
             loss = model(x, y)
@@ -130,6 +129,10 @@ def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
 
 # -------------------------------------------------------------------------------------- the loop
 def _step(model, opt, batches, cfg, dev, timer: StepTimer):
+    import torch
+
+    from preflight.bench import reference as ref
+
     rf = torch.profiler.record_function
     with timer.phase("data_wait"), rf("data_wait"):
         x, y = next(batches)
@@ -157,6 +160,10 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
     nvml, final_loss, elapsed_s.
     ``quick`` uses the tiny config (``reference.CPU_TINY``) and few steps: a smoke test.
     """
+    import torch
+
+    from preflight.bench import reference as ref
+
     t_start = time.perf_counter()
     dev = torch.device(device) if device is not None else default_device()
     gpu = dev.type == "cuda"
@@ -293,6 +300,8 @@ def ops_frame(result: dict):
 
 # ------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.baseline", description=__doc__.split("\n")[0])

@@ -16,8 +16,6 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-import torch
-
 CATEGORIES = ("matmul", "attention", "memory_bound", "communication", "data", "optimizer", "other")
 
 # torch.profiler's C++ side (kineto) prints progress lines to stderr at start and stop; a CUDA build of
@@ -125,6 +123,7 @@ def op_table(prof, device):
     """Self time per (op, category), seconds, largest first. CPU: self CPU time. GPU: self device
     (kernel) time of each op, so nested ops never count twice; kernels no op claims go to 'other'."""
     import pandas as pd
+    import torch
     from torch.autograd import DeviceType
 
     gpu = torch.device(device).type == "cuda"

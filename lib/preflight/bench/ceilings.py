@@ -21,8 +21,6 @@ import argparse
 import os
 import sys
 
-import torch
-
 from preflight import hardware
 from preflight.device import default_device, device_name, launch_rank, local_rank, on_device
 from preflight.records import Method
@@ -30,16 +28,20 @@ from preflight.timing import time_fn
 
 METHOD = Method("ceilings", 1, required=("matmul.tflops", "matmul.dtype", "matmul.n", "memcopy.GBps", "h2d"))
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+# torch is imported in the functions that measure, not here: a plan-only audit reads METHOD without
+# loading torch (about 1 s; tests/test_audit.py checks that it never does).
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}   # name -> torch attr
 
 
 def _dtype_name(dtype) -> str:
+    import torch
+
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; accepted: {', '.join(_DTYPES)}")
         return dtype
-    for name, dt in _DTYPES.items():
-        if dt == dtype:
+    for name, attr in _DTYPES.items():
+        if getattr(torch, attr) == dtype:
             return name
     raise ValueError(f"unsupported dtype {dtype}")
 
@@ -52,14 +54,17 @@ def matmul_rate(device, dtype=None, n: int | None = None) -> dict:
     n=1024 on the CPU (a few tens of ms per call on two cores). The result also carries the
     datasheet peak for the chip and dtype (None when unknown) and the fraction of it reached.
     """
+    import torch
+
     dev = torch.device(device)
     gpu = dev.type == "cuda"
     name = _dtype_name(dtype if dtype is not None else ("bf16" if gpu else "fp32"))
+    dt = getattr(torch, _DTYPES[name])
     n = int(n or (8192 if gpu else 1024))
     with on_device(dev):
-        a = torch.randn(n, n, device=dev, dtype=_DTYPES[name])
-        b = torch.randn(n, n, device=dev, dtype=_DTYPES[name])
-        c = torch.empty(n, n, device=dev, dtype=_DTYPES[name])
+        a = torch.randn(n, n, device=dev, dtype=dt)
+        b = torch.randn(n, n, device=dev, dtype=dt)
+        c = torch.empty(n, n, device=dev, dtype=dt)
         t = time_fn(lambda: torch.matmul(a, b, out=c), device=dev, warmup=5 if gpu else 1,
                     repeats=20 if gpu else 5, min_time_s=0.5 if gpu else 0.2)
         a = b = c = None               # free the device memory now (not del: the lambda holds the names)
@@ -80,6 +85,8 @@ def memcopy_bandwidth(device, mbytes: float | None = None) -> dict:
     """Device-memory copy bandwidth, GB/s = ``2 * size / time`` (each byte is read once and written
     once). GPU: a 1 GB buffer by default. CPU: a host tensor copy of 512 MB, so that source plus
     destination (1 GB) exceed this machine's last-level cache and the figure is DRAM, not cache."""
+    import torch
+
     dev = torch.device(device)
     gpu = dev.type == "cuda"
     mbytes = float(mbytes or (1024 if gpu else 512))
@@ -108,6 +115,8 @@ def h2d_bandwidth(device, mbytes: float | None = None) -> dict:
     (``non_blocking=True``), which is what lets a data loader overlap the copy with compute.
     On the CPU there is no host-to-device copy: the result says so instead of inventing a number.
     """
+    import torch
+
     dev = torch.device(device)
     if dev.type != "cuda":
         return {"available": False, "reason": "no accelerator: host-to-device copy does not apply"}
@@ -131,6 +140,8 @@ def h2d_bandwidth(device, mbytes: float | None = None) -> dict:
 def measure(device=None, quick: bool = False) -> dict:
     """All three ceilings: keys device, device_name, quick, matmul, memcopy, h2d (the dicts of
     the three functions above). ``quick`` uses smaller sizes (seconds, for tests and smoke runs)."""
+    import torch
+
     dev = torch.device(device) if device is not None else default_device()
     gpu = dev.type == "cuda"
     if quick:
@@ -149,6 +160,8 @@ def measure(device=None, quick: bool = False) -> dict:
 
 # ---------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.ceilings", description=__doc__.split("\n")[0])

@@ -54,7 +54,6 @@ import time
 from pathlib import Path
 
 from preflight.bench.launch import first_slurm_host, free_port, run_torchrun
-from preflight.bench.trainloop import read_log
 from preflight.records import Method
 
 METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s",
@@ -88,6 +87,8 @@ def _run(cmd: list[str], timeout: float = TIMEOUT_S) -> str:
 def measure_elastic(workdir: str | os.PathLike | None = None, steps: int = 120, every: int = 20,
                     kill_step: int = 55, step_sleep: float = 0.05, nproc: int = 2, quick: bool = False) -> dict:
     """An uninterrupted torchrun run and one whose rank 1 is SIGKILLed after ``kill_step``."""
+    from preflight.bench.trainloop import read_log
+
     if quick:
         steps, every, kill_step = 60, 10, 25
     own = workdir is None
@@ -202,6 +203,8 @@ def _rows(path: Path) -> list[dict]:
 def shrink_results(ref_log: Path, run_log: Path, after_log: Path) -> dict:
     """The shrink's figures from three trainloop logs: the uninterrupted 2-rank run, the run that lost
     a node, and the 1-rank run resumed from the same checkpoint (see the module docstring)."""
+    from preflight.bench.trainloop import read_log
+
     rows = _rows(run_log)
     steps = [r for r in rows if "event" not in r]
     kill = next(r for r in rows if r.get("event") == "kill")

@@ -55,14 +55,14 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
-
-import torch
-from torch import nn
-from torch.nn import functional as F
+from typing import TYPE_CHECKING
 
 from preflight.bench.categories import CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table, profiler_log_filtered
 from preflight.records import Method
 from preflight.timing import summarize, synchronize, time_fn
+
+if TYPE_CHECKING:       # torch is imported in the functions that measure: a plan-only audit never loads it
+    from torch import nn
 
 METHOD = Method("fusion", 1, required=("available",))
 
@@ -89,24 +89,20 @@ GPU_QUICK = FusionConfig(tokens=8192, hidden=1024, layers=4, dtype="bf16", repea
 
 
 def config_for(device, quick: bool = False) -> FusionConfig:
+    import torch
+
     if torch.device(device).type == "cuda":
         return GPU_QUICK if quick else GPU_FUSION
     return CPU_QUICK if quick else CPU_FUSION
 
 
-class MemoryBoundBlock(nn.Module):
-    """``LayerNorm(x + GELU(Linear(x)))``: one matmul, then three memory-bound ops."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.fc = nn.Linear(hidden, hidden)
-        self.norm = nn.LayerNorm(hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x + F.gelu(self.fc(x)))
-
-
 def make_stack(cfg: FusionConfig, device) -> nn.Sequential:
+    """``cfg.layers`` memory-bound blocks (``reference.MemoryBoundBlock``) in ``cfg.dtype``, seed 0."""
+    import torch
+    from torch import nn
+
+    from preflight.bench.reference import MemoryBoundBlock
+
     torch.manual_seed(0)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     return nn.Sequential(*[MemoryBoundBlock(cfg.hidden) for _ in range(cfg.layers)]).to(device, dtype)
@@ -161,6 +157,7 @@ def category_breakdown(prof, device, steps: int) -> dict:
 
 def profile_categories(fn, device, steps: int) -> dict:
     """Run ``fn`` ``steps`` times under ``torch.profiler`` (after one warm call); ``category_breakdown``."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU]
@@ -179,6 +176,8 @@ def profile_categories(fn, device, steps: int) -> dict:
 
 def compile_unavailable_reason(device) -> str | None:
     """Why ``torch.compile`` cannot work here, found before trying (None: worth trying)."""
+    import torch
+
     if not hasattr(torch, "compile"):
         return f"torch {torch.__version__} has no torch.compile"
     if torch.device(device).type == "cuda":
@@ -230,6 +229,8 @@ def measure_fusion(device=None, quick: bool = False) -> dict:
     p10, p90 per measurement), ``notes``. Compiled entries are None when ``available`` is False.
     Calls ``torch._dynamo.reset()`` first so repeated calls in one process recompile cleanly.
     """
+    import torch
+
     from preflight.device import default_device, probe
 
     info = probe()

@@ -65,15 +65,18 @@ import math
 import sys
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-import torch
-
-from preflight.bench.gptref import GPT, MemConfig, config_for, count_params, make_batch, make_model, variants
 from preflight.bench.savedtensors import SavedTensors, saver_ops
 from preflight.device import default_device, on_device
 from preflight.models import memory as mm
 from preflight.records import Method
 from preflight.timing import synchronize
+
+if TYPE_CHECKING:       # torch and the GPT are imported in the functions that measure: a plan-only audit never loads it
+    import torch
+
+    from preflight.bench.gptref import GPT, MemConfig
 
 METHOD = Method("memory", 2, required=("config", "states", "activations", "paths", "peak"))
 
@@ -94,6 +97,10 @@ def _err(measured: float, predicted: float) -> float:
 def measure_states(cfg: MemConfig, device) -> dict:
     """fp32 model, AdamW, one forward/backward/step; bytes of parameters, gradients and optimizer
     state against the planner's fp32 terms (4 + 4 + 8 bytes per parameter)."""
+    import torch
+
+    from preflight.bench.gptref import count_params, make_batch, make_model
+
     model = make_model(cfg, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     idx, tgt = make_batch(cfg, device)
@@ -181,6 +188,10 @@ def saved_activations(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, name_ops
 def measure_activations(cfg: MemConfig, device, recompute: str = "none") -> dict:
     """bf16 model, one forward under the hooks; per-layer bytes against ``layer_activation_bytes``,
     embedding + output bytes against the planner's ``activations_output``."""
+    import torch
+
+    from preflight.bench.gptref import count_params, make_batch, make_model
+
     model = make_model(cfg, device, dtype=torch.bfloat16).set_recompute(recompute)
     idx, tgt = make_batch(cfg, device)
     got = saved_activations(model, idx, tgt, name_ops=recompute == "none")
@@ -215,6 +226,10 @@ def measure_activations(cfg: MemConfig, device, recompute: str = "none") -> dict
 def measure_peak(cfg: MemConfig, device) -> dict:
     """``torch.cuda.max_memory_allocated`` over one fp32 training step (after a warm-up step, with
     gradients kept allocated), against the planner's fp32 total without the framework allowance."""
+    import torch
+
+    from preflight.bench.gptref import count_params, make_batch, make_model
+
     dev = torch.device(device)
     if dev.type != "cuda":
         return {"device": str(dev), "measured": False, "note": "not measured: no CUDA device"}
@@ -267,6 +282,10 @@ def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = Non
     per-layer error does not depend on the size), each {config, per_layer_predicted,
     per_layer_measured, error, errors, *_sbh}; their errors count in max_abs_error too.
     """
+    import torch
+
+    from preflight.bench.gptref import config_for, variants
+
     t0 = time.perf_counter()
     dev = torch.device(device) if device is not None else default_device()
     path_cfgs = variants(cfg or config_for(dev, quick=True))
@@ -305,6 +324,8 @@ def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = Non
 
 # ------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     from preflight.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.memory", description=__doc__.splitlines()[0])

@@ -35,11 +35,8 @@ import statistics
 import sys
 
 import numpy as np
-import torch
-from torch import nn
 
 from preflight.records import Method
-from preflight.sampling import LengthBucketSampler, pad_collate
 from preflight.timing import synchronize, time_fn
 
 METHOD = Method("padding", 1, required=("rows", "config"))
@@ -49,24 +46,6 @@ VOCAB = 256
 # Log-normal length distributions (median, sigma, max_len) per device kind.
 GPU_LENGTHS = {"median": 512, "sigma": 0.8, "max_len": 4096}
 CPU_LENGTHS = {"median": 32, "sigma": 0.8, "max_len": 256}
-
-
-class TinyLM(nn.Module):
-    """Embedding -> ``layers`` Transformer encoder layers (batch_first) -> token head."""
-
-    def __init__(self, d_model: int, layers: int, vocab: int = VOCAB, max_len: int = 4096):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(max_len, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, nhead=max(1, d_model // 32),
-                                           dim_feedforward=4 * d_model, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d_model, vocab)
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1], device=ids.device)
-        x = self.embed(ids) + self.pos(pos)
-        return self.head(self.encoder(x, src_key_padding_mask=~mask))
 
 
 def random_batches(n: int, batch: int, seed: int = 0) -> list[list[int]]:
@@ -84,12 +63,16 @@ def default_buckets(n: int, batch: int) -> int:
 def strategy_batches(lengths: list[int], batch: int, n_buckets: int,
                      seed: int = 0) -> dict[str, tuple[list, int | None]]:
     """For each strategy: (batches of indices, fixed padded length or None for the batch's longest)."""
+    from preflight.sampling import LengthBucketSampler
+
     rand = random_batches(len(lengths), batch, seed)
     bucketed = list(LengthBucketSampler(lengths, batch, n_buckets=n_buckets, shuffle=True, seed=seed))
     return {"pad_dataset": (rand, max(lengths)), "pad_batch": (rand, None), "bucketing": (bucketed, None)}
 
 
 def _lengths_for(device, n: int, seed: int = 0) -> tuple[list[int], dict]:
+    import torch
+
     from preflight.models.padding import lognormal_lengths
 
     spec = dict(GPU_LENGTHS if torch.device(device).type == "cuda" else CPU_LENGTHS)
@@ -111,7 +94,12 @@ def measure_padding(device=None, lengths=None, n: int | None = None, batch: int 
     ``bucketing_speedup_vs_dataset``, ``pad_batch_speedup_vs_dataset``, ``config``, ``device``,
     ``notes`` (a warning when the machine was already busy).
     """
+    import torch
+    from torch import nn
+
+    from preflight.bench.reference import TinyLM
     from preflight.device import default_device
+    from preflight.sampling import pad_collate
     from preflight.timing import busy_warning
 
     busy = busy_warning()
@@ -134,7 +122,7 @@ def measure_padding(device=None, lengths=None, n: int | None = None, batch: int 
     epochs = {}
     for s in STRATEGIES:
         torch.manual_seed(seed)
-        model = TinyLM(d_model, layers, max_len=max(lengths) + 1).to(device)
+        model = TinyLM(d_model, layers, vocab=VOCAB, max_len=max(lengths) + 1).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
         def step(ids, mask, model=model, opt=opt):

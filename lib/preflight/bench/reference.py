@@ -1,9 +1,13 @@
-"""The reference model every live measurement trains: a small decoder-only Transformer.
+"""The models the live measurements train, in one place (torch at the top: the bench modules import
+this one inside the functions that measure, so importing them does not load torch).
 
-Built from plain ``torch.nn`` parts so that its op mix is that of a real LLM block: LayerNorm,
-attention (``scaled_dot_product_attention``), a GELU MLP four times wider than the model, residual
-adds, a tied-free output head. ``config_for(device)`` sizes it to the machine: small enough on a
-2-core CPU that a measurement takes seconds, large enough on a GPU to fill it.
+- ``RefModel`` (``make_model``), the reference model: a small decoder-only Transformer built from
+  plain ``torch.nn`` parts so that its op mix is that of a real LLM block: LayerNorm, attention
+  (``scaled_dot_product_attention``), a GELU MLP four times wider than the model, residual adds, a
+  tied-free output head. ``config_for(device)`` sizes it to the machine: small enough on a 2-core
+  CPU that a measurement takes seconds, large enough on a GPU to fill it. ``SyntheticTokens`` feeds it.
+- ``MemoryBoundBlock``: chapter 1's fusion measurement (``bench.fusion``).
+- ``TinyLM``: chapter 4's padding measurement (``bench.padding``).
 """
 from __future__ import annotations
 
@@ -33,6 +37,22 @@ class RefConfig:
 CPU_CONFIG = RefConfig()
 CPU_TINY = RefConfig(vocab=512, layers=1, hidden=64, heads=2, seq_len=32, batch=4)  # tests
 GPU_CONFIG = RefConfig(vocab=32768, layers=8, hidden=2048, heads=16, seq_len=2048, batch=8, dtype="bf16")
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """Random token sequences, generated per item from a per-index seed (deterministic, and real CPU
+    work for the loader: the data wait the loop measures is not zero by construction)."""
+
+    def __init__(self, cfg: RefConfig, length: int = 1_000_000, seed: int = 0):
+        self.cfg, self.length, self.seed = cfg, length, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.seed + i)
+        t = torch.randint(0, self.cfg.vocab, (self.cfg.seq_len + 1,), generator=g)
+        return t[:-1], t[1:]
 
 
 def config_for(device, tiny: bool = False) -> RefConfig:
@@ -108,3 +128,35 @@ def autocast(cfg: RefConfig, device):
     dev = torch.device(device)
     enabled = cfg.dtype == "bf16"
     return torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+class MemoryBoundBlock(nn.Module):
+    """``LayerNorm(x + GELU(Linear(x)))``: one matmul, then three memory-bound ops; the block chapter 1's
+    fusion measurement (``bench.fusion``) runs eager and compiled."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + F.gelu(self.fc(x)))
+
+
+class TinyLM(nn.Module):
+    """Embedding -> ``layers`` Transformer encoder layers (batch_first) -> token head: the model
+    chapter 4's padding measurement (``bench.padding``) trains on padded and on bucketed batches."""
+
+    def __init__(self, d_model: int, layers: int, vocab: int, max_len: int = 4096):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, nhead=max(1, d_model // 32),
+                                           dim_feedforward=4 * d_model, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.embed(ids) + self.pos(pos)
+        return self.head(self.encoder(x, src_key_padding_mask=~mask))

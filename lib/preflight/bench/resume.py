@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench.trainloop import PARTS, read_log
 from preflight.records import Method
 
 METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows",
@@ -115,6 +114,8 @@ def compare(ref, other, from_step: int = 0):
 def measure_resume(workdir: str | os.PathLike | None = None, steps: int = 200, every: int = 20,
                    step_sleep: float = 0.01, seed: int = 0, quick: bool = False) -> dict:
     """Reference run, killed run, full resume and one resume per left-out part; JSON-ready."""
+    from preflight.bench.trainloop import PARTS, read_log
+
     if quick:
         steps, every = 80, 10
     own = workdir is None

@@ -22,8 +22,10 @@ Used by ``preflight.bench.baseline`` (bytes behind the CPU peak-memory estimate)
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:      # torch is imported where it runs: importing this module does not load it
+    import torch
 
 
 class SavedTensors:
@@ -34,6 +36,8 @@ class SavedTensors:
     ``storages`` maps storage pointer -> {"part", "bytes", "shape", "dtype"} of the first save."""
 
     def __init__(self, exclude: torch.nn.Module | list[torch.Tensor] = ()):
+        import torch
+
         tensors = [*exclude.parameters(), *exclude.buffers()] if isinstance(exclude, torch.nn.Module) else exclude
         self.excluded = {t.untyped_storage().data_ptr() for t in tensors}
         self.storages: dict[int, dict] = {}
@@ -64,6 +68,8 @@ def saver_ops(loss: torch.Tensor) -> dict[int, set[str]]:
     """Walk the autograd graph from ``loss``: storage pointer -> names of the nodes that saved it
     (``NativeLayerNormBackward0.input``...). Do not call it on a checkpointed model: reading a saved
     tensor inside a checkpointed region runs the region's recomputation, once per read."""
+    import torch
+
     out: dict[int, set[str]] = defaultdict(set)
     seen, todo = set(), [loss.grad_fn]
     while todo:

@@ -25,8 +25,7 @@ so each record names the workload it measured.
 from __future__ import annotations
 
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from preflight import hardware
 from preflight.bench.baseline import _cpu_attention_mapping
@@ -40,6 +39,9 @@ from preflight.records import Method
 from preflight.timing import StepTimer, synchronize
 from preflight.workload import Workload, samples_in, to_device
 
+if TYPE_CHECKING:       # torch is imported in the functions that measure: a plan-only audit never loads it
+    import torch
+
 METHOD = Method("workload_baseline", 1, required=("workload", "params", "flops", "throughput", "composition",
                                                   "mfu", "memory"))
 FUSION = Method("workload_fusion", 1, required=("workload", "available"))
@@ -47,6 +49,8 @@ FUSION = Method("workload_fusion", 1, required=("workload", "available"))
 
 def transformer_shape(model: torch.nn.Module) -> dict | None:
     """Layers and hidden size when the model is built from ``nn.MultiheadAttention`` layers, else None."""
+    import torch
+
     attn = [m for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
     return {"layers": len(attn), "hidden": attn[0].embed_dim} if attn else None
 
@@ -54,6 +58,7 @@ def transformer_shape(model: torch.nn.Module) -> dict | None:
 def count_flops(wl: Workload, x, y) -> dict:
     """FLOPs of one forward + backward of one batch, counted op by op; per sample; the Transformer
     formula beside it where it applies (N without embedding tables, s = tokens_per_sample)."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping()) as fc:
@@ -78,6 +83,8 @@ def count_flops(wl: Workload, x, y) -> dict:
 def state_bytes(wl: Workload, opt, x, y) -> dict:
     """Bytes of weights, gradients and optimizer state (after a step), and of the activations one
     forward saves for backward (each storage once, model state excluded), also per sample."""
+    import torch
+
     with SavedTensors(exclude=wl.model) as saved:
         loss = wl.step_loss(x, y)
     del loss
@@ -92,6 +99,8 @@ def state_bytes(wl: Workload, opt, x, y) -> dict:
 
 
 def _step(wl: Workload, opt, dev, timer: StepTimer):
+    import torch
+
     rf = torch.profiler.record_function
     with timer.phase("data_wait"), rf("data_wait"):
         inputs, targets = wl.batch()
@@ -124,6 +133,8 @@ def _profile(wl, opt, dev, n: int):
 
 def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
     """Train the workload on one device; JSON-able results (keys in the module docstring's order)."""
+    import torch
+
     t_start = time.perf_counter()
     dev = torch.device(device) if device is not None else default_device()
     gpu = dev.type == "cuda"
@@ -192,6 +203,8 @@ def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
 
 def measure_fusion(wl: Workload, device=None, quick: bool = False) -> dict:
     """Eager vs ``torch.compile`` of the workload's forward + backward on one fixed batch."""
+    import torch
+
     from preflight.bench import fusion as F
 
     dev = torch.device(device) if device is not None else default_device()
