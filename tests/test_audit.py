@@ -217,7 +217,7 @@ def test_a_chart_that_fails_to_render_fails_its_chapter_only():
     outs = inprocess._Outputs(pending)
     outs.display({"image/svg+xml": ok}, None, None, False)
     outs.display({"image/svg+xml": bad}, None, None, False)
-    err = inprocess._wait_for_pending(pending)
+    err = inprocess._wait_for_pending(pending, timeout_s=5)
     assert isinstance(err, inprocess.CellError) and "no such mark" in err.evalue
     assert outs.items[0]["data"] == {"image/svg+xml": "<svg/>"}
     assert outs.items[1]["data"]["text/plain"].startswith("chart not rendered: ValueError")

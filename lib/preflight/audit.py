@@ -150,8 +150,6 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     in_process = executor == "inprocess" or (executor == "auto" and not measuring and inprocess.available())
 
     available = discover(playbook)
-    # in this process nothing imports torch; the machine is probed in a child meanwhile (1 s less)
-    background = BackgroundProbe() if in_process and not measuring else None
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     atomic_write_text(out_dir / "index.html", _incomplete_page(
@@ -166,8 +164,11 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     runs: list[ChapterRun] = []
     started_kernels: list = []   # managers of the kernels started (kernels.stop ends them)
     published = interrupted = False
+    background = None
     previous_handler = kernels.trap_sigint(started_kernels)
     try:
+        # in this process nothing imports torch; the machine is probed in a child meanwhile (1 s less)
+        background = BackgroundProbe() if in_process and not measuring else None
         with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
             km_class = None if in_process else kernels.manager_class(sockets, started_kernels)    # jupyter_client: 0.3 s
             try:

@@ -92,15 +92,16 @@ class Chapter:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page. In the
         plan-only audit's shell (``preflight.inprocess``) the SVG renders in a worker thread and the
         output waits for it until the notebook is written: the chapter's next cells run meanwhile."""
+        import sys
+
         from IPython.display import SVG, display
 
-        from preflight import inprocess
-
+        shell = sys.modules.get("preflight.inprocess")      # loaded only by the plan-only audit
         path = None
         if self.out_dir:
             (self.out_dir / "charts").mkdir(parents=True, exist_ok=True)
             path = self.out_dir / "charts" / f"{self.name}--{name}.svg"
-        if inprocess.running():
+        if shell is not None and shell.running():
             display({"image/svg+xml": charts.render_later(chart, path)}, raw=True)
         else:
             svg = charts.to_svg(chart)

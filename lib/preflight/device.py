@@ -171,11 +171,11 @@ class BackgroundProbe:
         try:
             out, _ = self._child.communicate(timeout=timeout_s)
             got = json.loads(out) if self._child.returncode == 0 else None
-        except (subprocess.TimeoutExpired, ValueError):
-            got = None
+            return dict(got["machine"]), dict(got["versions"])
+        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            return probe().as_dict(), versions()        # the child failed: probe here (slower, same answer)
         finally:
             self.stop()
-        return (got["machine"], got["versions"]) if got else (probe().as_dict(), versions())
 
     def stop(self) -> None:
         if self._child.poll() is None:

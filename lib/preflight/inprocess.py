@@ -11,7 +11,9 @@ processes, take minutes, and need the per-cell timeout and Ctrl-C handling a ker
 
 What a cell shows is kept in order, as a kernel would send it: ``print`` (stream), ``display`` (display
 data; a ``display_id`` handle updates its output in place), the value of a last expression (execute
-result) and an exception (error output; the chapter then stops, as papermill stops it). A cell longer
+result) and an exception (error output; the chapter then stops, as papermill stops it). A chart
+(``Chapter.show``) renders in a worker thread while the next cells run; its output is filled in when
+the notebook is written, and a chart that failed to render fails its chapter. A cell longer
 than ``timeout_s`` is stopped by SIGALRM (main thread only). Ctrl-C reaches the audit as
 KeyboardInterrupt, not as a chapter error.
 """
@@ -126,13 +128,18 @@ def running() -> bool:
 _running = False
 
 
-def _wait_for_pending(pending: list) -> CellError | None:
-    """Put each pending display's value in its output, as soon as it is ready (in display order); the
-    first that failed becomes the chapter's error, its output a line that says so."""
+def _wait_for_pending(pending: list, timeout_s: float) -> CellError | None:
+    """Put each pending display's value in its output, as soon as it is ready (in display order, each
+    within ``timeout_s``, the cell limit); the first that failed becomes the chapter's error, its output
+    a line that says so. Ctrl-C cancels the charts not yet rendering."""
     failed = None
     for out, mime, future in pending:
         try:
-            out["data"][mime] = future.result()
+            out["data"][mime] = future.result(timeout=timeout_s)
+        except KeyboardInterrupt:
+            for *_, queued in pending:
+                queued.cancel()
+            raise
         except Exception as err:  # noqa: BLE001 - a chart that did not render fails its chapter, not the audit
             out["data"] = {"text/plain": f"chart not rendered: {type(err).__name__}: {err}"}
             failed = failed or CellError(type(err).__name__, f"chart not rendered: {err}")
@@ -182,7 +189,7 @@ def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_
     finally:
         _running = False
         os.chdir(old_cwd)
-        chart_failed = _wait_for_pending(pending)     # every chart in place, also after a failed cell
+        chart_failed = _wait_for_pending(pending, timeout_s)     # every chart in place, also after a failed cell
         failed = failed or chart_failed
         nbformat.write(nb, dst)
     if failed:

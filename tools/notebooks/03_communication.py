@@ -137,7 +137,7 @@ else:
 from preflight.bench import allreduce as bench_allreduce
 from preflight.bench.launch import max_processes
 
-gpus_here = ch.measure and ch.device.is_gpu      # live runs on GPUs (plan-only: nothing runs, nothing probed)
+gpus_here = ch.measure and ch.device.is_gpu      # live runs on GPUs (plan-only: nothing runs here)
 nproc = min(max_processes()[0], 8) if gpus_here else 2
 one_node = lambda rec: int(rec["results"].get("nodes", 1) or 1) == 1      # noqa: E731
 sweep = (ch.measurement(bench_allreduce.METHOD, lambda: bench_allreduce.measure(nproc, quick=ch.quick), name=f"n{nproc}",
@@ -230,8 +230,9 @@ if wl:
                                        title=f"Step time per configuration ({wl.name}, {run.results['label']})"))
 # 2 ranks always: on GPUs when there are 2, else on the CPU (gloo), where the emulated mode shows overlap
 else:
-    emulated = _overlap("emulated") if nproc < 2 or not gpus_here else None
     real = _overlap("real")
+    gpus = real is not None and real.results.get("backend") == "nccl"     # a GPU record: overlap is real there
+    emulated = _overlap("emulated") if (nproc < 2 or not gpus_here) and not gpus else None
 for run in (emulated, real):
     if run:
         label = "EMULATED device (timed waits free the CPU)" if run.results["mode"] == "emulated" else "real compute"

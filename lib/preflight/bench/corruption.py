@@ -14,6 +14,7 @@ Chapter 5 shows it when it measures. ``demo`` writes only under ``folder`` and r
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -28,7 +29,7 @@ class _Payload:
         self.marker = marker
 
     def __reduce__(self):
-        return os.system, (f"touch '{self.marker}'",)
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
 
 
 def demo(folder: str | os.PathLike) -> dict:
