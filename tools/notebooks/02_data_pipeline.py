@@ -38,7 +38,8 @@ shard_size = "8MB"      # shard size of the demo (the advice for real data: 200-
 batch = 64              # samples per batch
 
 # %%
-print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
+print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
+      "Loading the chapter's libraries, then PyTorch to probe the device (about 10 s) ...")
 
 import os
 

@@ -28,7 +28,8 @@ quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 
 # %%
-print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
+print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
+      "Loading the chapter's libraries, then PyTorch to probe the device (about 10 s) ...")
 
 import pandas as pd
 

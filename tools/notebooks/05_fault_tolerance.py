@@ -38,7 +38,8 @@ interactive = True      # show the sliders (the headless audit turns them off)
 shared_dir = ""         # the "shared" file system for checkpoints (default: data.scratch_dir, else .cache/)
 
 # %%
-print("Loading PyTorch and the chapter's libraries, then probing the device (about 10 s) ...")
+print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
+      "Loading the chapter's libraries, then PyTorch to probe the device (about 10 s) ...")
 
 import os
 import shutil
