@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +93,6 @@ class Chapter:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page. In the
         plan-only audit's shell (``preflight.inprocess``) the SVG renders in a worker thread and the
         output waits for it until the notebook is written: the chapter's next cells run meanwhile."""
-        import sys
-
         from IPython.display import SVG, display
 
         shell = sys.modules.get("preflight.inprocess")      # loaded only by the plan-only audit

@@ -34,12 +34,12 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "fl
 
 
 def _dtype_name(dtype) -> str:
-    import torch
-
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; accepted: {', '.join(_DTYPES)}")
         return dtype
+    import torch
+
     for name, attr in _DTYPES.items():
         if getattr(torch, attr) == dtype:
             return name

@@ -22,8 +22,9 @@ from pathlib import Path
 from preflight import ckpt
 
 
-class _Payload:
-    """Unpickling this runs ``touch <marker>``: what a malicious checkpoint would do."""
+class HostilePickle:
+    """Unpickling this runs ``touch <marker>``: what a malicious checkpoint would do (also used by
+    tests/test_ckpt.py)."""
 
     def __init__(self, marker: Path):
         self.marker = marker
@@ -56,7 +57,7 @@ def demo(folder: str | os.PathLike) -> dict:
         marker = folder / "payload-ran"
         evil = folder / ckpt.step_name(30)
         evil.mkdir()
-        torch.save({"step": 30, "boom": _Payload(marker)}, evil / ckpt.STATE_FILE)
+        torch.save({"step": 30, "boom": HostilePickle(marker)}, evil / ckpt.STATE_FILE)
         ckpt._manifest(evil, 30, {ckpt.STATE_FILE: ckpt.sha256_file(evil / ckpt.STATE_FILE)})  # fixed by the attacker
         try:
             ckpt.load(evil)
