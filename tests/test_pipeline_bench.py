@@ -147,12 +147,14 @@ def test_bubble_follows_formula(bubble):
     # busy time) plus latency: no upper bound that a loaded machine keeps but 1.
     assert all(interval_bubble(recs[1], k) == pytest.approx(0.5, abs=1e-6) for k in range(len(recs[1]["timelines"][0])))
     assert 0.3 < df.loc[1, "measured_bubble"] < 1
-    # m=4: the ranks compute at the same time, so the bubble shrinks towards 1/5. Load only adds gaps and
-    # stretches ops, so the least disturbed of the timed steps is the closest to the schedule's own bubble:
-    # 0.19-0.25 unloaded, 0.22-0.27 under 2 hogs (median step up to 0.32, one step 0.39); formula +- 0.15
-    # keeps a margin and still fails a pipeline that stops overlapping (that gives 1/2, as m=1).
+    # m=4: the ranks compute at the same time, so the bubble shrinks towards 1/5. How close it gets is timing:
+    # the least disturbed timed step gave 0.19-0.25 unloaded, 0.22-0.39 under 2 hogs, and 0.356 in CI beside
+    # the other xdist worker (a rank preempted mid-op keeps the other waiting, which load cannot shrink). So
+    # the bound is the mechanism: with two ranks the interval bubble is (L0+L1-2*O) / (2*(L0+L1-O)) for busy
+    # lengths L0, L1 and overlap O, exactly 1/2 when the ranks never compute together (m=1 above). A pipeline
+    # that stops overlapping fails; the formula's 0.2 is shown by the chapter, not asserted on a shared box.
     best = min(interval_bubble(recs[4], k) for k in range(len(recs[4]["timelines"][0])))
-    assert abs(best - recs[4]["formula"]) < 0.15, best
+    assert recs[4]["formula"] <= best + 0.05 and best < 0.45, best
     assert 0 < df.loc[4, "measured_bubble"] < 1
 
 
