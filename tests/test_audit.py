@@ -147,10 +147,11 @@ _RUN = ("import sys; from pathlib import Path; from preflight.audit import disco
 
 
 def _kinds(outputs) -> list[str]:
-    """A cell's output kinds in order, consecutive prints as one (a kernel splits them where it flushed)."""
+    """A cell's output kinds in order (a display's with its mimetypes), consecutive prints as one (a
+    kernel splits them where it flushed)."""
     kinds = []
     for o in outputs:
-        k = o["output_type"] + ":" + (o.get("name") or "")
+        k = o["output_type"] + ":" + (o.get("name") or ",".join(sorted(o.get("data", {}))))
         if not (kinds and k == kinds[-1] == "stream:stdout"):
             kinds.append(k)
     return kinds

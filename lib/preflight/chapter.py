@@ -93,7 +93,7 @@ class Chapter:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page. In the
         plan-only audit's shell (``preflight.inprocess``) the SVG renders in a worker thread and the
         output waits for it until the notebook is written: the chapter's next cells run meanwhile."""
-        from IPython.display import SVG, display
+        from IPython.display import display
 
         shell = sys.modules.get("preflight.inprocess")      # loaded only by the plan-only audit
         path = None
@@ -101,12 +101,13 @@ class Chapter:
             (self.out_dir / "charts").mkdir(parents=True, exist_ok=True)
             path = self.out_dir / "charts" / f"{self.name}--{name}.svg"
         if shell is not None and shell.running():
-            display({"image/svg+xml": charts.render_later(chart, path)}, raw=True)
+            display({"image/svg+xml": charts.render_later(chart, path),      # the same keys as below
+                     "text/plain": f"<chart {name}>"}, raw=True)
         else:
             svg = charts.to_svg(chart)
             if path:
                 path.write_text(svg)
-            display(SVG(svg))
+            display({"image/svg+xml": svg, "text/plain": f"<chart {name}>"}, raw=True)
 
     def table(self, df) -> None:
         """Display a DataFrame as a plain HTML table for people (``preflight.tables.frame_html``: numbers

@@ -153,14 +153,15 @@ class BackgroundProbe:
 
     For the plan-only audit: probing imports torch (about 1 s on two cores), which nothing else in it
     needs; the child does it on another core while the chapters run. If the child fails, the probe
-    runs here instead: the answer is the same, only slower. ``stop()`` ends the child (Ctrl-C)."""
+    runs here instead (one line on stderr says why): the answer is the same, only slower. ``stop()``
+    ends the child (Ctrl-C)."""
 
     def __init__(self):
         import subprocess
         import sys
 
         self._child = subprocess.Popen([sys.executable, "-m", "preflight.device"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, text=True)
+                                       stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout_s: float = 120) -> tuple[dict, dict]:
         import json
@@ -168,14 +169,26 @@ class BackgroundProbe:
 
         from preflight.records import versions
 
+        why = "its reply was not the probe's JSON"
         try:
-            out, _ = self._child.communicate(timeout=timeout_s)
-            got = json.loads(out) if self._child.returncode == 0 else None
+            out, err = self._child.communicate(timeout=timeout_s)
+            if self._child.returncode != 0:
+                last = (err or "").strip().splitlines()[-1:] or ["no message"]
+                why = f"it exited with code {self._child.returncode}: {last[0][:200]}"
+                raise ValueError(why)
+            got = json.loads(out)
             return dict(got["machine"]), dict(got["versions"])
-        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
-            return probe().as_dict(), versions()        # the child failed: probe here (slower, same answer)
+        except subprocess.TimeoutExpired:
+            why = f"it gave no answer in {timeout_s:g} s"
+        except (ValueError, KeyError, TypeError):
+            pass
         finally:
             self.stop()
+        import sys
+
+        print(f"preflight: the background device probe failed ({why}); probing in this process instead",
+              file=sys.stderr)
+        return probe().as_dict(), versions()            # same answer, only slower
 
     def stop(self) -> None:
         if self._child.poll() is None:
