@@ -42,7 +42,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from preflight.fsutil import atomic_write_bytes, fsync_dir
+from preflight.fsutil import atomic_write_bytes, fsync_dir, pid_alive
 
 STATE_FILE = "state.pt"
 MANIFEST = "MANIFEST.json"
@@ -122,15 +122,7 @@ def _owned_by_live_process(tmp: Path) -> bool:
     """Whether the process named in a temporary name still runs: ``.tmp-step-00000120-<pid>`` (a
     folder) or ``.latest.<pid>.tmp`` (``fsutil.temp_path``)."""
     pid = re.split(r"[-.]", tmp.name.removesuffix(".tmp"))[-1]
-    if not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid))
 
 
 def save(state: dict, directory: str | os.PathLike, step: int, *, keep: int = 3,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "temp_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "pid_alive", "temp_path"]
 
 
 def temp_path(path: str | os.PathLike, pid: int | None = None) -> Path:
@@ -35,6 +35,18 @@ def temp_path(path: str | os.PathLike, pid: int | None = None) -> Path:
     ``.<name>.<pid>.tmp`` in the same folder (``pid``: this process unless given)."""
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (signal 0 checks without sending anything; a
+    process of another user counts as alive). What tells a stale temporary name from a live one."""
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

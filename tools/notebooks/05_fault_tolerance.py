@@ -43,12 +43,10 @@ print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
 
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 
-from preflight import REPO, charts
+from preflight import charts, scratch
 from preflight.chapter import start
 from preflight.chapters import fault_tolerance as C
 from preflight.models import checkpoint_sim as S
@@ -63,9 +61,8 @@ print(f"project {prof.project}: {c.nodes} nodes x {c.gpus_per_node} GPUs, {sci(c
       f"node-day, {t.run_days:g}-day run, walltime {c.walltime_h:g} h, checkpoint write {t.checkpoint_write_s:g} s, "
       f"restart {t.restart_s:g} s")
 ch.announce()
-(REPO / ".cache" / "fault_tolerance").mkdir(parents=True, exist_ok=True)
-work = Path(tempfile.mkdtemp(prefix="run-", dir=REPO / ".cache" / "fault_tolerance"))   # this run's own: two
-# audits at once never share (or clear) each other's checkpoints; removed at the end of the chapter
+work = scratch.run_folder(ch.name)   # this run's own (.cache/fault_tolerance/run-<host>-<pid>-*): two audits at
+# once never share (or clear) each other's checkpoints; removed at the end of the chapter or when this process exits
 shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5") if prof.data.scratch_dir
                         else str(work / "shared"))
 
