@@ -260,6 +260,13 @@ def _measure(mode, setup, device, rank, world, steps, rounds=ROUNDS):
     return {c: (summarize(samples[c]).median_s, *runners[c][2]()) for c in CONFIGS}
 
 
+def launched_in_backward(launch_times, compute_end: float) -> int:
+    """How many buckets' all-reduces were launched before the backward's last compute ended: the ones
+    that had compute left to hide behind. The bucket holding the first layer's gradients fills only
+    when the backward is over, so it never can. Times on one clock (``time.perf_counter``)."""
+    return sum(t < compute_end for t in launch_times)
+
+
 def _trace(config, setup, device, rank, world, steps: int = 3) -> dict:
     """A bucket configuration run untimed (emulated) with a recording all-reduce hook: its last step
     (DDP rebuilds its buckets after the first) as counts. ``launched_in_backward``: buckets whose
@@ -273,7 +280,7 @@ def _trace(config, setup, device, rank, world, steps: int = 3) -> dict:
         step()
     end = trace["compute"][-1]
     return {"buckets": len(trace["comm"]), "bytes": sum(b for b, _, _ in trace["comm"]),
-            "launched_in_backward": sum(t0 < end for _, t0, _ in trace["comm"]),
+            "launched_in_backward": launched_in_backward((t0 for _, t0, _ in trace["comm"]), end),
             "comm_s": sum(t1 - t0 for _, t0, t1 in trace["comm"]),
             "comm_s_in_backward": sum(max(0.0, min(t1, end) - t0) for _, t0, t1 in trace["comm"])}
 

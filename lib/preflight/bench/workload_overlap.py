@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from preflight.bench import exit_worker
-from preflight.bench.overlap import average_gradients
+from preflight.bench.overlap import average_gradients, launched_in_backward
 from preflight.bench.workload_pipeline import block_modules
 from preflight.records import Method
 
@@ -240,7 +240,9 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode
             if held_out is not None:
                 row["loss_after_n"] = loss
             elif buckets["launched"]:       # emulated: the last step's buckets launched before backward ended
-                row["launched_in_backward"] = _launched_in_backward(runners[config][0], logs[config], buckets)
+                logs[config].clear()        # one more (untimed) step, its compute events logged
+                runners[config][0]()
+                row["launched_in_backward"] = launched_in_backward(buckets["launched"], max(logs[config]))
             rows.append(row)
             fp32 = loss if config == "ddp_bucket_default" else fp32
         record = None
@@ -251,15 +253,6 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode
         return record
     finally:
         dist.destroy_process_group()
-
-
-def _launched_in_backward(step, log: list, buckets: dict) -> int:
-    """One more (untimed) step: how many of its buckets' all-reduces were launched before the last
-    block's backward ended, i.e. while there was compute left to hide behind (the bucket of the first
-    block's gradients never can)."""
-    log.clear()
-    step()
-    return sum(t < max(log) for t in buckets["launched"])
 
 
 def _record(wl, rows, fp32_loss, world, device, backend, steps, quick, mode="real", waits=None) -> dict:
