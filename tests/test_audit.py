@@ -185,6 +185,23 @@ def test_in_process_plan_only_matches_the_kernels(tmp_path):
     assert "<svg" in page and "Traceback" not in page
 
 
+def test_in_process_executor_is_refused_where_it_cannot_hold(tmp_path, monkeypatch):
+    """``executor="inprocess"`` runs plan-only audits: asked to measure, or inside an IPython session,
+    it is refused with the field and what is accepted, before anything is written."""
+    from preflight import inprocess
+    from preflight.audit import AuditInputError, discover, run_audit
+    from preflight.profile import load_profile
+
+    prof = load_profile(EXAMPLE)
+    assert prof.measure                                 # the example measures unless plan_only
+    with pytest.raises(AuditInputError, match=r"executor = 'inprocess' runs plan-only audits only.*auto, kernel"):
+        run_audit(prof, EXAMPLE, tmp_path / "a", chapters=sorted(discover()), executor="inprocess")
+    monkeypatch.setattr(inprocess, "available", lambda: False)
+    with pytest.raises(AuditInputError, match=r"cannot run inside an IPython session.*auto, kernel"):
+        run_audit(prof, EXAMPLE, tmp_path / "b", chapters=sorted(discover()), plan_only=True, executor="inprocess")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_plan_only_audit_never_imports_torch(tmp_path):
     """Issue 18: formulas need no torch. The plan-only audit's chapters import the bench modules for
     their methods and result readers only (torch is imported inside the functions that measure), and

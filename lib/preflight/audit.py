@@ -139,7 +139,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     Paths must be absolute: the notebooks run with the playbook folder as working directory.
     ``workload``: what ``check_workload`` saw (the report's header names it). ``executor``: ``auto``
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
-    ``inprocess``."""
+    ``inprocess`` (plan-only audits only, refused otherwise)."""
     from preflight import inprocess
     from preflight.device import BackgroundProbe, probe
     from preflight.records import versions
@@ -147,6 +147,13 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     if executor not in ("auto", "kernel", "inprocess"):
         raise AuditInputError(f"executor = {executor!r}: accepted: auto, kernel, inprocess")
     measuring = not plan_only and profile.measure
+    if executor == "inprocess" and measuring:
+        raise AuditInputError("executor = 'inprocess' runs plan-only audits only: a measuring audit runs each chapter "
+                              "in a kernel of its own (one chapter's threads, device memory and compiled code must "
+                              "not reach the next); accepted here: auto, kernel")
+    if executor == "inprocess" and not inprocess.available():
+        raise AuditInputError("executor = 'inprocess' cannot run inside an IPython session (this notebook's shell "
+                              "is not the audit's); accepted here: auto, kernel")
     in_process = executor == "inprocess" or (executor == "auto" and not measuring and inprocess.available())
 
     available = discover(playbook)
