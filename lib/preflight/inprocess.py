@@ -20,6 +20,7 @@ KeyboardInterrupt, not as a chapter error.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import signal
@@ -79,8 +80,10 @@ class _Stream(io.TextIOBase):
         return True
 
 
+@functools.cache
 def _shell():
-    """The process's one IPython shell with displays, results and tracebacks routed to ``_Outputs``."""
+    """The process's one IPython shell with displays, results and tracebacks routed to ``_Outputs``:
+    configured once, at the first chapter (each chapter then resets its namespace)."""
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
