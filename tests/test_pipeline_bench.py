@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from preflight.bench import pipeline
+from preflight.bench import partition, pipeline, stages
 from preflight.models.pipeline import schedule_timeline
 
 ATTN = ("attn1", "attn2", "attn3", "attn4")          # four identical blocks
@@ -19,12 +19,12 @@ def test_layer_times_differ_by_layer():
     # so the least of several calls (each the median of 5 after warm-up; the calls interleave the layers'
     # measurements, A B C ... A B C ...) is each layer's estimate, and the head is compared with the
     # median of the four identical attention blocks.
-    calls = [pipeline.layer_times(quick=True, batch=2) for _ in range(7)]
+    calls = [stages.layer_times(quick=True, batch=2) for _ in range(7)]
     for rows in calls:
-        assert [r["name"] for r in rows] == pipeline.HETERO_NAMES
+        assert [r["name"] for r in rows] == stages.HETERO_NAMES
         assert all(r["time_s"] > 0 and r["params"] > 0 for r in rows)
     params = {r["name"]: r["params"] for r in calls[0]}
-    times = {n: min(c[i]["time_s"] for c in calls) for i, n in enumerate(pipeline.HETERO_NAMES)}
+    times = {n: min(c[i]["time_s"] for c in calls) for i, n in enumerate(stages.HETERO_NAMES)}
     # the embedding is a table lookup, the cheapest layer by ~10x (the costliest by 80-470x, under load too)
     assert times["embedding"] == min(times.values()) and max(times.values()) / min(times.values()) > 2
     # the vocab projection is the heavy layer: by size (exact) and in time (~2x a block; >= 1.25x under load)
@@ -38,10 +38,10 @@ def test_formula_and_splits():
     assert pipeline.bubble_formula(4, 8, v=2) == pytest.approx(3 / 19)
     with pytest.raises(ValueError):
         pipeline.measure_bubble(p=2, ms=(3,), schedule="interleaved", v=2)      # m % p != 0: refused at once
-    assert pipeline.check_partition((0, 3, 5), 7, 3) == [0, 3, 5]
-    for bad, stages in (([0, 3], 3), ([1, 4], 2), ([0, 4, 4], 3), ([0, 7], 2)):  # miscount, gap, empty, past end
+    assert stages.check_partition((0, 3, 5), 7, 3) == [0, 3, 5]
+    for bad, n_stages in (([0, 3], 3), ([1, 4], 2), ([0, 4, 4], 3), ([0, 7], 2)):  # miscount, gap, empty, past end
         with pytest.raises(ValueError):
-            pipeline.check_partition(bad, 7, stages)
+            stages.check_partition(bad, 7, n_stages)
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +175,10 @@ def test_interleaved_and_gpipe_run(tmp_path):
 
 @pytest.mark.parametrize("boundaries", [(0, 4), (0, 5)])
 def test_partition_places_every_layer_once(boundaries):
-    res = pipeline.run_partition(boundaries, p=2, m=2, quick=True, timeout=120)
+    res = partition.run_partition(boundaries, p=2, m=2, quick=True, timeout=120)
     placed = [name for stage in res["stages"] for name in stage["layers"]]
-    assert placed == pipeline.HETERO_NAMES                          # each layer once, in order
-    assert res["stages"][1]["layers"][0] == pipeline.HETERO_NAMES[boundaries[1]]
+    assert placed == stages.HETERO_NAMES                          # each layer once, in order
+    assert res["stages"][1]["layers"][0] == stages.HETERO_NAMES[boundaries[1]]
     assert res["throughput"] > 0 and res["model"] == "hetero"
     _check_ranks(res, 2)
     _check_timeline(res)
@@ -186,7 +186,7 @@ def test_partition_places_every_layer_once(boundaries):
 
 def test_partition_refused_before_launch():
     with pytest.raises(ValueError, match="partition"):
-        pipeline.run_partition((0, 9), p=2)
+        partition.run_partition((0, 9), p=2)
 
 
 @pytest.mark.parametrize("argv", [["--partition", "0,a"], ["--partition", "0,3,5"], ["--chunks", "2"],

@@ -249,6 +249,7 @@ if runs:
 # only where its blocks run in sequence (else the chapter shows the prediction and says why).
 
 # %%
+from preflight.bench import partition as bench_partition
 from preflight.bench import workload_pipeline as bench_wlpipe
 
 wl = ch.workload        # the profile's own model, or None: the reference heterogeneous model
@@ -256,7 +257,7 @@ if wl:
     print(f"measuring {wl.label} from {wl.entry}, not the reference model")
     part = ch.workload_measurement(bench_wlpipe.METHOD, lambda: bench_wlpipe.measure_partition(wl, quick=ch.quick))
 else:
-    part = ch.measurement(bench_pipeline.PARTITION, lambda: bench_pipeline.measure_partition(quick=ch.quick))
+    part = ch.measurement(bench_partition.METHOD, lambda: bench_partition.measure_partition(quick=ch.quick))
 if part and part.results.get("by_time"):
     r = part.results
     print(part.source)
@@ -294,7 +295,7 @@ if part:
                                "step (ms)": rk["step_s"] * 1e3, "busy (ms)": rk["busy_s"] * 1e3,
                                "idle (ms)": rk["idle_s"] * 1e3, "idle share": rk["idle_share"].map("{:.0%}".format)}))
 else:
-    ch.not_measured(bench_wlpipe.METHOD if wl else bench_pipeline.PARTITION)
+    ch.not_measured(bench_wlpipe.METHOD if wl else bench_partition.METHOD)
 if wl:       # padding and the bubble are about the data and the schedule; the partition is the workload's
     from preflight.chapters import workload as W
 

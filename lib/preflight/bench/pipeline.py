@@ -12,18 +12,15 @@ Every rank times its own compute: ``forward_one_chunk`` / ``backward_one_chunk``
 ``PipelineStage`` (the schedule waits for the incoming activation or gradient *before* calling them,
 so they hold compute only) plus the loss on the last stage. A step runs from a barrier to a barrier,
 so every rank's ``step_s`` is the pipeline's, and ``idle = step - busy`` is its bubble plus send/recv
-and schedule overhead. The measured bubble is the mean idle share over ranks.
-
-Two models: ``balanced`` (identical MLP blocks split evenly: the formula applies) and ``hetero``
-(embedding, attention blocks, a wide FFN, an output head, of really different cost) for partitioning:
-``layer_times`` profiles its layers, and a split by *time* beats a split by *count* because the
-slowest stage sets the pace (pitfalls §4). Every layer must be placed exactly once; the record lists
-which stage got which layers.
+and schedule overhead. The measured bubble is the mean idle share over ranks. The models split are
+``bench.stages``' (balanced blocks by default; the heterogeneous one with ``--partition``), and the
+partition measurement built on these runs is ``bench.partition``.
 
 Ways in: the worker ``torchrun --nproc_per_node=P -m preflight.bench.pipeline --out DIR --schedule
 gpipe|1f1b|interleaved|zb-h1 --microbatches M [--chunks V] [--partition 0,4 | --balanced-blocks] [--steps K]
-[--quick]`` (rank 0 writes the record, method "pipeline"); ``measure_bubble`` and ``run_partition``
-launch it here. On 2 CPU cores p=4 is oversubscribed: it runs, but measures the OS scheduler.
+[--quick]`` (rank 0 writes the record, method "pipeline"); ``launch_run`` launches it from Python, and
+``--measure bubbles`` (``measure_bubbles``) makes chapter 4's bubble measurement, a torchrun per run.
+On 2 CPU cores p=4 is oversubscribed: it runs, but measures the OS scheduler.
 """
 from __future__ import annotations
 
@@ -33,25 +30,18 @@ import os
 import statistics
 import tempfile
 import time
-from itertools import pairwise
 from pathlib import Path
 
 from preflight.bench import exit_worker
+from preflight.bench.stages import BALANCED, HETERO, HETERO_NAMES, balanced_layers, check_partition, hetero_layers
 from preflight.records import Method
 from preflight.timing import synchronize
 
-# One run (the torchrun worker) and the two measurements chapter 4 makes of such runs.
+# One run (the torchrun worker) and the bubble measurement chapter 4 makes of such runs.
 METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"))
 BUBBLES = Method("pipeline_bubble", 1, required=("rows",))
-PARTITION = Method("partition", 1, required=("p", "m", "layers", "by_count", "by_time", "predicted_gain",
-                                             "measured_gain", "throughput_count", "throughput_time", "ranks"))
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")     # zb-h1: ScheduleInterleavedZeroBubble, 1 stage per rank
 WARMUP_STEPS = 2
-# sizes by quick (False / True); "mb" is the micro-batch: sequences (hetero), rows (balanced)
-HETERO = {False: {"vocab": 8000, "d": 256, "seq": 64, "ffn": 2048, "mb": 2},
-          True: {"vocab": 4000, "d": 128, "seq": 64, "ffn": 1024, "mb": 2}}
-HETERO_NAMES = ["embedding", "attn1", "attn2", "wide_ffn", "attn3", "attn4", "head"]
-BALANCED = {False: {"d": 256, "blocks": 8, "mb": 64}, True: {"d": 256, "blocks": 8, "mb": 32}}
 
 
 def bubble_formula(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
@@ -64,79 +54,6 @@ def bubble_formula(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
 
         return timeline_bubble(zb_h1_timeline(p, m))
     return bubble_fraction(p, m, v)
-
-
-def hetero_layers(quick: bool = False) -> list:
-    """The heterogeneous model as ``[(name, module)]``: token ids (batch, seq) in, logits out."""
-    from torch import nn
-
-    s = HETERO[quick]
-
-    def attn():
-        return nn.TransformerEncoderLayer(s["d"], 4, dim_feedforward=2 * s["d"], dropout=0.0, batch_first=True)
-
-    wide = nn.Sequential(nn.Linear(s["d"], s["ffn"]), nn.GELU(), nn.Linear(s["ffn"], s["d"]))
-    modules = [nn.Embedding(s["vocab"], s["d"]), attn(), attn(), wide, attn(), attn(), nn.Linear(s["d"], s["vocab"])]
-    return list(zip(HETERO_NAMES, modules, strict=True))
-
-
-def balanced_layers(quick: bool = False) -> list:
-    """Identical MLP blocks ``d -> 4d -> d``: the stages are equal whatever the even split."""
-    from torch import nn
-
-    d = BALANCED[quick]["d"]
-    return [(f"mlp{i}", nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)))
-            for i in range(BALANCED[quick]["blocks"])]
-
-
-def stage_device(p: int):
-    """Where ``p`` pipeline ranks run on this machine (``launch.init_distributed``'s rule): a GPU
-    each when there are ``p`` GPUs, else the CPU (NCCL refuses two ranks on one GPU)."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return torch.device("cuda", 0) if gpus >= p else torch.device("cpu")
-
-
-def layer_times(device="cpu", batch: int = 4, seq: int | None = None, quick: bool = False) -> list[dict]:
-    """Forward+backward time of each layer of the heterogeneous model alone, on one thread (as a
-    pipeline rank runs on the CPU): ``[{name, params, time_s}]``, the median after warm-up."""
-    import torch
-
-    from preflight.timing import time_fn
-
-    torch.manual_seed(0)
-    s, threads = HETERO[quick], torch.get_num_threads()
-    x = torch.randint(0, s["vocab"], (batch, seq or s["seq"]), device=device)
-    rows = []
-    torch.set_num_threads(1)
-    try:
-        for name, layer in hetero_layers(quick):
-            layer.to(device)
-            inp = x.detach().requires_grad_() if x.is_floating_point() else x   # as in a stage: grads flow back
-            out = layer(inp)
-            grad = torch.ones_like(out)
-            t = time_fn(lambda f=layer, i=inp, g=grad: f(i).backward(g), device=device, warmup=2, repeats=5,
-                        min_time_s=0.05)
-            rows.append({"name": name, "params": sum(q.numel() for q in layer.parameters()), "time_s": t.median_s})
-            x = out.detach()
-    finally:
-        torch.set_num_threads(threads)
-    return rows
-
-
-def check_partition(boundaries, n_layers: int, n_stages: int) -> list[int]:
-    """Stage ``i`` holds layers ``boundaries[i]`` up to the next boundary (the last: to the end). Every
-    layer is placed exactly once iff there are ``n_stages`` strictly increasing indices, 0 first, all
-    below ``n_layers``; anything else raises ValueError rather than silently dropping layers.
-
-    From ``preflight.models.pipeline.partition_by_time(times, p)`` (stages as lists of layer indices):
-    ``boundaries = [stage[0] for stage in parts]``."""
-    b = [int(i) for i in boundaries]
-    if len(b) != n_stages or b[0] != 0 or any(x >= y for x, y in pairwise(b)) or b[-1] >= n_layers:
-        raise ValueError(f"partition {b}: need {n_stages} strictly increasing first-layer indices, "
-                         f"0 first, all below {n_layers}")
-    return b
 
 
 # --- the worker ---------------------------------------------------------------------------------------
@@ -301,7 +218,7 @@ def _name(schedule, p, m, v, partition) -> str:
 
 # --- from Python: launch here ---------------------------------------------------------------------------
 
-def _launch(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
+def launch_run(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
     """Run the worker under ``torchrun --standalone``, one thread per process; its record."""
     from preflight.bench.launch import run_torchrun, torchrun_cmd
 
@@ -326,7 +243,7 @@ def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: b
 
     for m in ms:
         bubble_formula(p, m, v, schedule)   # refuses a bad (p, m, v) before any process starts
-    records = [_launch(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
+    records = [launch_run(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
     cols = ("schedule", "measured_bubble", "formula", "error", "step_s", "oversubscribed")
 
     def per_mb(res, kinds):                 # mean over ranks of the median op times, in ms
@@ -338,14 +255,6 @@ def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: b
                         "ranks on": r["results"].get("device_kind", "?")} for r in records])
     df.attrs["records"] = records
     return df
-
-
-def run_partition(boundaries, p: int = 2, schedule: str = "1f1b", m: int = 4, quick: bool = False,
-                  timeout: float = 300.0, out=None) -> dict:
-    """One partition of the heterogeneous model (``boundaries``: first layer of each stage): the record's
-    results (throughput, per-rank busy/idle, the stages with their layers)."""
-    boundaries = check_partition(boundaries, len(HETERO_NAMES), p)     # refuse before starting processes
-    return _launch(p, schedule, m, partition=boundaries, quick=quick, timeout=timeout, out=out)["results"]
 
 
 def runs_frame(records: list[dict]):
@@ -375,25 +284,6 @@ def measure_bubbles(quick: bool = False) -> dict:
     return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
 
 
-def measure_partition(p: int = 2, m: int = 8, quick: bool = False) -> dict:
-    """Method ``partition``: the heterogeneous model's layers timed alone, split into ``p`` stages by
-    count and by time (the exact optimal contiguous partition), both run through the real pipeline;
-    predicted (ratio of bottlenecks) and measured (ratio of throughputs) gain."""
-    from preflight.models import pipeline as P
-
-    layers = layer_times(stage_device(p), quick=quick)          # where the stages will run
-    times = [x["time_s"] for x in layers]
-    by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
-    runs = {name: run_partition([part[0] for part in parts], p=p, m=m, quick=quick)
-            for name, parts in (("count", by_count), ("time", by_time))}
-    return {"p": p, "m": m, "layers": layers, "by_count": by_count, "by_time": by_time,
-            "bottleneck_count_s": P.bottleneck(times, by_count), "bottleneck_time_s": P.bottleneck(times, by_time),
-            "predicted_gain": P.partition_gain(times, p),
-            "throughput_count": runs["count"]["throughput"], "throughput_time": runs["time"]["throughput"],
-            "measured_gain": runs["time"]["throughput"] / runs["count"]["throughput"],
-            "ranks": {k: v.get("ranks", []) for k, v in runs.items()}}
-
-
 # --- command line -----------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,15 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--balanced-blocks", action="store_true", help="identical MLP blocks (the default)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10, 5 with --quick)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
-    ap.add_argument("--measure", choices=("bubbles", "partition"), default=None,
-                    help="instead of being one rank: launch chapter 4's measurement here (torchrun per run) "
-                         "and write pipeline_bubble.json or partition.json")
+    ap.add_argument("--measure", choices=("bubbles",), default=None,
+                    help="instead of being one rank: launch chapter 4's bubble measurement here (torchrun per "
+                         "run) and write pipeline_bubble.json")
     args = ap.parse_args(argv)
     if args.measure:
         from preflight.records import save_record
 
-        method, run = ((BUBBLES, measure_bubbles) if args.measure == "bubbles" else (PARTITION, measure_partition))
-        print(save_record(method.record({"quick": args.quick}, run(quick=args.quick)), args.out))
+        print(save_record(BUBBLES.record({"quick": args.quick}, measure_bubbles(quick=args.quick)), args.out))
         return 0
     if args.microbatches < 1 or args.chunks < 1 or (args.chunks > 1 and args.schedule != "interleaved"):
         ap.error("need --microbatches >= 1, --chunks >= 1, and --chunks > 1 only with --schedule interleaved")
