@@ -257,48 +257,48 @@ def _near(slider, value):
 
 
 def test_charts_render():
-    from preflight import charts
+    from preflight import charts, failure_charts
 
     curve = S.waste_curve(60, 300, DAY, segments=2000)
-    svg = charts.to_svg(charts.waste_curve_chart(curve, {"Young": 3220, "plan": 1800}, "t"))
+    svg = charts.to_svg(failure_charts.waste_curve_chart(curve, {"Young": 3220, "plan": 1800}, "t"))
     assert svg.startswith("<svg") and "Young" in svg and "plan" in svg and "30 min" in svg
     assert "simulated optimum" in svg                          # the shaded range, not a rule
-    svg = charts.to_svg(charts.failure_prob_chart(1e-4, 1000, 60))
+    svg = charts.to_svg(failure_charts.failure_prob_chart(1e-4, 1000, 60))
     assert "field report" in svg and "Llama 3" in svg and "1.0e-4" in svg and "e-04" not in svg
 
 
 def test_waste_chart_shades_the_range_and_marks_the_walltime():
-    from preflight import charts
+    from preflight import charts, failure_charts
 
     curve = S.waste_curve(60, 300, 1875 * HOUR)
     lo, hi, _ = S.optimal_range_simulated(curve)
-    spec = charts.waste_curve_chart(curve, {"Young": 28460}, sim_range=(lo, hi), walltime_s=48 * HOUR).to_dict()
+    spec = failure_charts.waste_curve_chart(curve, {"Young": 28460}, sim_range=(lo, hi), walltime_s=48 * HOUR).to_dict()
     rects = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rect"]
     assert len(rects) == 1
     band = spec["datasets"][rects[0]["data"]["name"]][0]
     assert band["hours"] == pytest.approx(lo / HOUR) and band["hours_hi"] == pytest.approx(hi / HOUR)
-    assert "walltime" in charts.to_svg(charts.waste_curve_chart(curve, {}, walltime_s=48 * HOUR))
-    spec = charts.waste_curve_chart(curve, {"Young": 28460}, sim_range=None).to_dict()
+    assert "walltime" in charts.to_svg(failure_charts.waste_curve_chart(curve, {}, walltime_s=48 * HOUR))
+    spec = failure_charts.waste_curve_chart(curve, {"Young": 28460}, sim_range=None).to_dict()
     assert not [layer for layer in spec["layer"] if layer["mark"]["type"] == "rect"]
 
 
 def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
-    from preflight import charts
+    from preflight import failure_charts
 
     curve = S.waste_curve(60, 300, 1875 * HOUR)
     plan = 1800.0                                              # 30 min: 3.4 %, inside the default 5 %
     w_plan = F.daly_waste(plan, 60, 300, 1875 * HOUR)
-    spec = charts.waste_curve_chart(curve, {"plan": plan}).to_dict()
+    spec = failure_charts.waste_curve_chart(curve, {"plan": plan}).to_dict()
     top = spec["layer"][1]["encoding"]["y"]["scale"]["domain"][1]
     assert top == 0.05                                         # the old fixed 0-5 % still when all fits
     assert min(curve["interval_s"]) > 120                     # outside the curve: the model's value still
-    spec = charts.waste_curve_chart(curve, {"plan": 120.0}).to_dict()      # 2 min: a third lost
+    spec = failure_charts.waste_curve_chart(curve, {"plan": 120.0}).to_dict()      # 2 min: a third lost
     top = max(layer["encoding"]["y"]["scale"]["domain"][1] for layer in spec["layer"]
               if "scale" in layer.get("encoding", {}).get("y", {}))
     assert F.daly_waste(120.0, 60, 300, 1875 * HOUR) < top <= 1.0 and w_plan < top
     assert all(layer["mark"].get("clip") for layer in spec["layer"])       # error bars and marks clipped
     stuck = S.waste_curve(3530, 300, 0.101 * HOUR)
-    spec = charts.waste_curve_chart(stuck, {"Young": F.young_interval(3530, 0.101 * HOUR)}, sim_range=None).to_dict()
+    spec = failure_charts.waste_curve_chart(stuck, {"Young": F.young_interval(3530, 0.101 * HOUR)}, sim_range=None).to_dict()
     lines = [d for rows in spec["datasets"].values() for d in rows if "first order" in d.get("series", "")]
     assert lines and max(d["waste"] for d in lines) == 1.0 and "invalid" in lines[0]["series"]
     top = max(layer["encoding"]["y"]["scale"]["domain"][1] for layer in spec["layer"]
@@ -307,17 +307,17 @@ def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
 
 
 def test_failure_chart_keeps_each_series_colour():
-    from preflight import charts
+    from preflight import charts, failure_charts
 
     def colours(p):
-        enc = charts.failure_prob_chart(p, 128, 30).to_dict()["layer"][0]["encoding"]["color"]["scale"]
+        enc = failure_charts.failure_prob_chart(p, 128, 30).to_dict()["layer"][0]["encoding"]["color"]["scale"]
         return {label.split(":")[0].split(" (")[0]: c for label, c in zip(enc["domain"], enc["range"])}
 
     a, b, c = colours(3e-5), colours(1e-4), colours(0.00378)
     assert a["field report"] == c["field report"] == "#fb8c00" and a["Llama 3 405B"] == b["Llama 3 405B"]
     assert a["your input"] == b["your input"] == c["your input"] == "#1e88e5"
     assert "field report" not in b and "Llama 3 405B" not in c   # the same p is not drawn twice
-    assert "on 1 node" in charts.to_svg(charts.failure_prob_chart(1e-4, 1, 30))
+    assert "on 1 node" in charts.to_svg(failure_charts.failure_prob_chart(1e-4, 1, 30))
 
 
 def test_failure_explorer_follows_sliders():

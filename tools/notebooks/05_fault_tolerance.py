@@ -46,7 +46,7 @@ import shutil
 
 import pandas as pd
 
-from preflight import charts, scratch
+from preflight import charts, failure_charts, scratch
 from preflight.chapter import start
 from preflight.chapters import fault_tolerance as C
 from preflight.models import checkpoint_sim as S
@@ -83,7 +83,7 @@ shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5"
 p5 = C.add_plan_findings(ch.findings, prof)
 ch.table(C.rates_table(p5))
 ch.table(C.reference_table())
-ch.show("failure_probability", charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))
+ch.show("failure_probability", failure_charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))
 
 # %%
 if interactive:
@@ -127,7 +127,7 @@ else:
         marks["simulated optimum"] = best
     if t.checkpoint_interval_s:
         marks["plan"] = t.checkpoint_interval_s
-    ch.show("waste_curve", charts.waste_curve_chart(curve, marks, walltime_s=c.walltime_h * 3600,
+    ch.show("waste_curve", failure_charts.waste_curve_chart(curve, marks, walltime_s=c.walltime_h * 3600,
                                                     title=f"Expected waste: C {C_s:g} s, R {R_s:g} s, "
                                                           f"MTBF {p5['mtbf_h']:,.0f} h"))
     rows = []

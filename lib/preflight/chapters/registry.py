@@ -142,7 +142,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         models=("preflight.models.resilience", "preflight.models.checkpoint_sim"),
         bench=("preflight.bench.resume", "preflight.bench.ckptstall", "preflight.bench.corruption",
                "preflight.bench.elastic", "preflight.bench.workload_resume"),
-        library=("preflight.ckpt", "preflight.scratch"),
+        library=("preflight.ckpt", "preflight.scratch", "preflight.failure_charts"),
         tests=("tests/test_chapter_fault_tolerance.py", "tests/test_resilience_models.py",
                "tests/test_resume.py", "tests/test_ckptstall.py", "tests/test_ckpt.py", "tests/test_scratch.py")),
 )

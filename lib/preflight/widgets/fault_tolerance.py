@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
-from preflight import charts
+from preflight import failure_charts
 from preflight.numfmt import duration, num, pct, plural, sci
 from preflight.widgets.core import explorer, readout
 
@@ -120,7 +120,7 @@ def failure_explorer(p_node_day: float, nodes: int, days: int) -> W.VBox:
             "mtbf_h": ("system MTBF", _hours(mtbf)),
             "failures_run": ("expected failures per run", num(F.run_failures(p, n, days))),
         })
-        return text, charts.failure_prob_chart(p, n, max(days, 30))
+        return text, failure_charts.failure_prob_chart(p, n, max(days, 30))
 
     return explorer(controls, compute, "Node failures explorer")
 
@@ -206,7 +206,7 @@ def interval_explorer(C: float, R: float, M_h: float, plan_interval_s: float | N
             **wall,
         })
         marks = {"Young": young, "Daly": daly, **({"plan": plan_interval_s} if plan_interval_s else {})}
-        chart = charts.waste_curve_chart(curve, marks, f"Checkpoint waste: C {duration(C)}, R {duration(R)}, "
+        chart = failure_charts.waste_curve_chart(curve, marks, f"Checkpoint waste: C {duration(C)}, R {duration(R)}, "
                                                        f"MTBF {_hours(M_h)}",
                                          sim_range=None if stuck or blind else (lo, hi), walltime_s=walltime_s)
         return text, chart
