@@ -20,9 +20,10 @@ step_s``. Bytes are computed: ring all-reduce moves ``2 (n-1)/n`` x the buffer p
 
 ``real`` mode: Linear+ReLU layers on the CPU (gloo) or ``cuda:LOCAL_RANK`` (NCCL). On a CPU overlap
 cannot show: backward keeps the rank's core busy and gloo's thread waits for it (field notes).
-``emulated`` mode ("emulated device"): each layer's forward and backward are timed waits that free the
-CPU as a GPU kernel frees the host, and gradients are real tensors of the parameters' shapes, so DDP
-buckets and all-reduces them for real: an accelerator's overlap, measured on a laptop.
+``emulated`` mode ("emulated device", ``bench.emulated``): each layer's forward and backward are timed
+waits that free the CPU as a GPU kernel frees the host, and gradients are real tensors of the
+parameters' shapes, so DDP buckets and all-reduces them for real: an accelerator's overlap, measured
+on a laptop.
 
 Real mode adds ``loss_after_n`` (eval loss after ``updates`` steps, same seeds) and
 ``loss_rel_diff_vs_fp32`` (vs ``ddp_bucket_default``): bucketing and the manual average match it, the
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 from preflight.bench import exit_worker
+from preflight.bench.emulated import emulated_block
 from preflight.records import Method
 
 METHOD = Method("overlap", 1, required=("mode", "label", "rows", "world_size"))
@@ -86,41 +88,6 @@ def comm_bytes_per_step(config: str, shapes, world_size: int, k: int = ACCUM_K,
             total += (rows + cols) * r if (rows + cols) * r * 2 < n_el else n_el
         return total * factor
     return sum(numel) * factor / (k if config.startswith("ddp_no_sync") else 1)
-
-
-def emulated_block(params, fwd_s: float, bwd_s: float, log: list | None = None):
-    """An emulated-device layer: a module holding copies of ``params`` (same shapes, same values)
-    whose forward and backward are waits of ``fwd_s`` / ``bwd_s`` seconds (``time.sleep``: the GIL
-    released and the core free, as a GPU kernel frees the host) and whose gradients are fills of
-    1e-3, so DDP buckets and all-reduces real tensors of the real shapes. The input passes through.
-    With ``log``, each backward appends its end (``perf_counter``). The one home of the emulation:
-    the reference stack (``_make_model``) and a workload's blocks (``workload_overlap``) use it."""
-    import torch
-    from torch import nn
-
-    class Wait(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, *weights):
-            ctx.specs = [(w.shape, w.dtype) for w in weights]
-            time.sleep(fwd_s)
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, grad):
-            time.sleep(bwd_s)
-            if log is not None:
-                log.append(time.perf_counter())
-            return (grad, *(torch.full(shape, 1e-3, dtype=dtype, device=grad.device) for shape, dtype in ctx.specs))
-
-    class EmulatedBlock(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weights = nn.ParameterList([nn.Parameter(p.detach().clone()) for p in params])
-
-        def forward(self, x):
-            return Wait.apply(x, *self.weights)
-
-    return EmulatedBlock()
 
 
 def _make_model(mode: str, layers: int, hidden: int, fwd_s: float, bwd_s: float, device, seed: int = 0,

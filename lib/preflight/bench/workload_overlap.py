@@ -20,7 +20,7 @@ comm hook counts them and their bytes on the last step (DDP rebuilds its buckets
 (gloo) backward keeps the cores busy and the all-reduce cannot hide behind it, so the CPU rows are
 labelled as such. ``emulated`` mode (the emulated device, always the CPU): rank 0 times each of the
 workload's blocks (forward + backward, ``workload_pipeline.block_times``, one thread) and every rank
-builds the workload as a stack of ``overlap.emulated_block``: one per block, holding copies of that
+builds the workload as a stack of ``emulated.emulated_block``: one per block, holding copies of that
 block's trainable parameters (``emulated_groups``: parameters outside every block in a block without
 time before or after them), whose forward waits a third and backward two thirds of the block's
 measured time (backward ~ 2x forward, as in 6N FLOPs per token) while the cores stay free. Its
@@ -160,11 +160,11 @@ def emulated_groups(wl, times: list[dict]) -> list[tuple[str, list, dict]]:
 
 
 def emulated_stack(wl, times: list[dict], device, log: list | None = None):
-    """The workload as emulated-device blocks (``overlap.emulated_block``) of ``emulated_groups``, on
+    """The workload as emulated-device blocks (``emulated.emulated_block``) of ``emulated_groups``, on
     ``device``. ``log`` gets each block's backward end (``perf_counter``)."""
     from torch import nn
 
-    from preflight.bench.overlap import emulated_block
+    from preflight.bench.emulated import emulated_block
 
     return nn.Sequential(*(emulated_block(ps, w["forward_s"], w["backward_s"], log)
                            for _, ps, w in emulated_groups(wl, times))).to(device)
