@@ -176,6 +176,10 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     try:
         # in this process nothing imports torch; the machine is probed in a child meanwhile (1 s less)
         background = BackgroundProbe() if in_process and not measuring else None
+        if in_process:              # the chart engine starts on the other core meanwhile (charts.warm_up)
+            from preflight import charts
+
+            charts.warm_up()
         with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
             km_class = None if in_process else kernels.manager_class(sockets, started_kernels)    # jupyter_client: 0.3 s
             try:

@@ -41,14 +41,26 @@ def render_later(chart: alt.TopLevelMixin, path: Path | None = None) -> Future:
     the Future completes) when given. vl-convert releases the GIL while it renders, so the plan-only
     audit's next cells run meanwhile on the other core (``preflight.inprocess`` waits for the SVG
     when it writes the notebook). The spec is built here: Altair's settings are process-wide."""
-    global _RENDERER
-    spec = _spec(chart)
-    if _RENDERER is None:
-        _RENDERER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-charts")
-    return _RENDERER.submit(_render, spec, path)
+    return _renderer().submit(_render, _spec(chart), path)
 
 
 _RENDERER: ThreadPoolExecutor | None = None     # one thread: vl-convert has one rendering engine anyway
+_TINY = {"data": {"values": [{"x": 1}]}, "mark": "point", "encoding": {"x": {"field": "x", "type": "quantitative"}}}
+
+
+def warm_up() -> Future:
+    """Start vl-convert's engine in the rendering thread now: its first render costs ~0.7 s (the
+    JavaScript engine starts), later ones ~0.05 s. The plan-only audit calls it first, so that start
+    runs on the other core while the first chapter loads its libraries, not when its first chart is
+    due. The tiny chart it renders is thrown away."""
+    return _renderer().submit(_render, _TINY)
+
+
+def _renderer() -> ThreadPoolExecutor:
+    global _RENDERER
+    if _RENDERER is None:
+        _RENDERER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-charts")
+    return _RENDERER
 
 
 def _spec(chart: alt.TopLevelMixin) -> dict:
