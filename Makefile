@@ -15,7 +15,7 @@ WHEELHOUSE ?= wheelhouse
 # Extra pip options, e.g. offline: PIP_OPTS="--no-index --find-links wheelhouse"
 PIP_OPTS ?=
 
-.PHONY: setup setup-keep-torch report plan test lint lab wheelhouse clean
+.PHONY: setup setup-keep-torch bytecode report plan test lint lab wheelhouse clean
 
 # Installed once; re-run only when pyproject.toml changes. A venv marked .keep-torch (make
 # setup-keep-torch) keeps its own torch: every other pin, then the package without dependencies.
@@ -44,17 +44,19 @@ setup-keep-torch:
 	$(MAKE) --no-print-directory setup VENV=$(VENV)
 	@$(PY) -c "import torch, preflight; print('torch', torch.__version__, 'kept; preflight', preflight.__version__)"
 
-## Audit the example profile with live measurements on this machine.
-report: setup
+## The library's bytecode, compiled before an audit (0.06 s when up to date): where
+## PYTHONDONTWRITEBYTECODE is set (CI images, this project's sandbox), Python never caches it and
+## compiles the library again at every run, ~0.6 s of a 5-6 s plan. A checkout it cannot write to is
+## no error: the audit then compiles in memory, as before.
+bytecode: setup
 	@$(PY) -m compileall -q lib > /dev/null 2>&1 || true
+
+## Audit the example profile with live measurements on this machine.
+report: bytecode
 	$(PY) -m preflight audit $(PROFILE) $(AUDIT_ARGS)
 
-## Formulas only, no live measurement (fast). The library's bytecode is compiled first (0.06 s when
-## up to date): where PYTHONDONTWRITEBYTECODE is set (CI images, this project's sandbox), Python
-## never caches it and compiles the library again at every run, ~0.6 s of a 5 s plan. A checkout it
-## cannot write to is no error: the audit then compiles in memory, as before.
-plan: setup
-	@$(PY) -m compileall -q lib > /dev/null 2>&1 || true
+## Formulas only, no live measurement (fast).
+plan: bytecode
 	$(PY) -m preflight audit $(PROFILE) --plan-only $(AUDIT_ARGS)
 
 ## As root, also installs Debian's Slurm (~13 MB) for the real-cluster tests in tests/test_slurm.py

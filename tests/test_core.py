@@ -132,3 +132,29 @@ def test_background_probe_answers_and_says_why_it_fell_back(capsys):
         err = capsys.readouterr().err
         assert says in err and "probing in this process instead" in err, err
         assert bg._child.poll() is not None                                    # nothing left running
+
+
+def test_chart_engine_warm_up_renders_in_the_rendering_thread(monkeypatch):
+    """``charts.warm_up`` starts vl-convert in the one rendering thread (not the caller's), and the
+    charts after it render there too: the engine's start-up is paid once, off the main thread."""
+    import threading
+
+    import altair as alt
+    import pandas as pd
+    import vl_convert as vlc
+
+    from preflight import charts
+
+    seen = []
+    real = vlc.vegalite_to_svg
+
+    def recording(spec, *args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(vlc, "vegalite_to_svg", recording)
+    assert charts.warm_up().result(timeout=60).startswith("<svg")
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x:Q")
+    assert charts.render_later(chart).result(timeout=60).startswith("<svg")
+    assert len(seen) == 2 and all(name.startswith("preflight-charts") for name in seen), seen
+    assert threading.current_thread().name not in seen

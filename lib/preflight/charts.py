@@ -45,15 +45,20 @@ def render_later(chart: alt.TopLevelMixin, path: Path | None = None) -> Future:
 
 
 _RENDERER: ThreadPoolExecutor | None = None     # one thread: vl-convert has one rendering engine anyway
-_TINY = {"data": {"values": [{"x": 1}]}, "mark": "point", "encoding": {"x": {"field": "x", "type": "quantitative"}}}
 
 
 def warm_up() -> Future:
     """Start vl-convert's engine in the rendering thread now: its first render costs ~0.7 s (the
     JavaScript engine starts), later ones ~0.05 s. The plan-only audit calls it first, so that start
     runs on the other core while the first chapter loads its libraries, not when its first chart is
-    due. The tiny chart it renders is thrown away."""
-    return _renderer().submit(_render, _TINY)
+    due. The one-point chart it renders (unfitted: nothing shows it) is thrown away."""
+    def first_render() -> str:
+        import vl_convert as vlc
+
+        return vlc.vegalite_to_svg({"data": {"values": [{"x": 1}]}, "mark": "point",
+                                    "encoding": {"x": {"field": "x", "type": "quantitative"}}})
+
+    return _renderer().submit(first_render)
 
 
 def _renderer() -> ThreadPoolExecutor:
