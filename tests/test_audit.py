@@ -205,7 +205,8 @@ def test_in_process_executor_is_refused_where_it_cannot_hold(tmp_path, monkeypat
 def test_plan_only_audit_never_imports_torch(tmp_path):
     """Issue 18: formulas need no torch. The plan-only audit's chapters import the bench modules for
     their methods and result readers only (torch is imported inside the functions that measure), and
-    the machine is probed in a child process (preflight.device.BackgroundProbe) while they run."""
+    the machine is probed from a CPU build's build file (device.probe), or in a child process
+    (preflight.device.BackgroundProbe) while they run for any other build."""
     import subprocess
     import sys
 
@@ -216,11 +217,11 @@ def test_plan_only_audit_never_imports_torch(tmp_path):
     assert "torch imported: False webdataset imported: False" in r.stdout, r.stdout[-2000:]
     s = _summary(tmp_path / "r")
     assert [c["status"] for c in s["chapters"]] == ["ok"] * 5
-    assert s["machine"]["torch"] and s["machine"]["label"] and s["versions"]["torch"]   # the child's probe
+    assert s["machine"]["torch"] and s["machine"]["label"] and s["versions"]["torch"]   # probed all the same
 
 
 def test_a_chart_that_fails_to_render_fails_its_chapter_only():
-    """In the plan-only shell a chart renders in a worker thread (Chapter.show); a failure there
+    """In the plan-only shell a chart renders in the chart process (Chapter.show); a failure there
     becomes the chapter's error when the notebook is written, and the output says so."""
     from concurrent.futures import Future
 

@@ -1,5 +1,6 @@
 """Findings contract, records, timing correctness."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -116,6 +117,49 @@ def test_step_timer_phases_and_other():
     assert set(comp["phase"]) == {"data_wait", "forward", "other"}
 
 
+def test_a_cpu_build_of_torch_is_probed_without_importing_it():
+    """device.probe reads torch's build file; for a CPU build it answers without importing torch, and
+    that answer is the one torch itself gives (probe_with_torch), versions included. Fails when the
+    file is read wrongly (a field differs) or when probe imports torch anyway."""
+    code = ("import json, sys; from preflight import device, records; "
+            "fast = device.probe().as_dict(); v = records.versions(); imported = 'torch' in sys.modules; "
+            "slow = device.probe_with_torch().as_dict(); "
+            "import torch; v2 = records.versions(); "
+            "print(json.dumps([device.torch_build(), imported, fast, slow, v, v2]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    build, imported, fast, slow, v, v2 = json.loads(r.stdout)
+    if not device.cpu_only_build(build):
+        pytest.skip(f"torch here is built for an accelerator ({build}): probe asks torch itself")
+    assert imported is False
+    assert fast == slow and fast["kind"] == "cpu" and fast["torch"] == build["__version__"]
+    assert v == v2 and v["torch"] == fast["torch"] and v["cuda"] is None
+
+
+def test_which_torch_builds_are_taken_as_cpu_only(tmp_path, monkeypatch):
+    """Only a build for no accelerator, off a Mac, skips the import; any other build, or a build file
+    that cannot be read, is asked through torch."""
+    assert device.cpu_only_build({"__version__": "2.13.0+cpu", "cuda": None, "hip": None, "xpu": None})
+    for gpu in ({"cuda": "12.8"}, {"hip": "6.4.1"}, {"xpu": "20250101"}):
+        assert not device.cpu_only_build({"__version__": "2.13.0", "cuda": None, "hip": None, "xpu": None} | gpu)
+    assert not device.cpu_only_build(None)
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('never imported by torch_build')\n")
+    (fake / "version.py").write_text("from typing import Optional\n__version__ = '2.11.0+cu130'\n"
+                                     "debug = False\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    build = device.torch_build()
+    assert build == {"__version__": "2.11.0+cu130", "cuda": "13.0", "hip": None, "xpu": None}
+    assert not device.cpu_only_build(build)
+    (fake / "version.py").write_text("__version__ = compute()\n")        # not a literal: ask torch
+    assert device.torch_build() is None
+    (fake / "version.py").write_text("__version__ = '2.13.0'\ncuda = None\nhip = None\n")
+    monkeypatch.setattr(device.sys, "platform", "darwin")                 # MPS needs no build flag
+    assert not device.cpu_only_build(device.torch_build())
+
+
 def test_background_probe_answers_and_says_why_it_fell_back(capsys):
     here = device.probe().as_dict()
     machine, vers = device.BackgroundProbe().result(timeout_s=120)          # the child's answer
@@ -134,27 +178,66 @@ def test_background_probe_answers_and_says_why_it_fell_back(capsys):
         assert bg._child.poll() is not None                                    # nothing left running
 
 
-def test_chart_engine_warm_up_renders_in_the_rendering_thread(monkeypatch):
-    """``charts.warm_up`` starts vl-convert in the one rendering thread (not the caller's), and the
-    charts after it render there too: the engine's start-up is paid once, off the main thread."""
-    import threading
-
+def test_charts_render_in_the_chart_process_not_here(monkeypatch, tmp_path):
+    """``charts.warm_up`` starts the chart process (preflight.chartproc) and ``render_later`` renders
+    there: vl-convert holds the GIL while it renders, so a thread would stall the audit's cells. The
+    SVG is the one rendered here, written to the path given; this process's vl-convert is never called
+    (fails when rendering falls back to this process)."""
     import altair as alt
     import pandas as pd
     import vl_convert as vlc
 
-    from preflight import charts
+    from preflight import chartproc, charts
 
-    seen = []
-    real = vlc.vegalite_to_svg
-
-    def recording(spec, *args, **kwargs):
-        seen.append(threading.current_thread().name)
-        return real(spec, *args, **kwargs)
-
-    monkeypatch.setattr(vlc, "vegalite_to_svg", recording)
-    assert charts.warm_up().result(timeout=60).startswith("<svg")
     chart = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x:Q")
-    assert charts.render_later(chart).result(timeout=60).startswith("<svg")
-    assert len(seen) == 2 and all(name.startswith("preflight-charts") for name in seen), seen
-    assert threading.current_thread().name not in seen
+    expected = charts.to_svg(chart)
+
+    def here(*args, **kwargs):
+        raise AssertionError("rendered in the audit's process")
+
+    monkeypatch.setattr(vlc, "vegalite_to_svg", here)
+    try:
+        proc = charts.warm_up()
+        assert isinstance(proc, chartproc.ChartProcess) and proc.pid not in (None, os.getpid())
+        got = charts.render_later(chart, tmp_path / "c.svg").result(timeout=120)
+        assert got == expected and (tmp_path / "c.svg").read_text() == expected
+        bad = proc.submit({"data": {"values": [{"x": 1}]}, "mark": "nosuchmark",
+                           "encoding": {"x": {"field": "x", "type": "quantitative"}}})
+        with pytest.raises(ValueError, match="conversion failed"):      # that chart's own error...
+            bad.result(timeout=120)
+        assert charts.render_later(chart).result(timeout=120) == expected     # ...and the process goes on
+        child = proc._child
+    finally:
+        charts.stop_rendering()
+    assert child.poll() is not None                                      # stopped: nothing left running
+
+
+def test_a_chart_process_that_dies_or_cannot_start_leaves_the_charts_to_this_process(monkeypatch, capsys):
+    """Killed mid-audit: the charts it had not answered and every later one render here, same SVG,
+    one stderr line says why. One that cannot start: the same."""
+    import signal
+
+    import altair as alt
+    import pandas as pd
+
+    from preflight import chartproc, charts
+
+    spec = charts._spec(alt.Chart(pd.DataFrame({"x": [1, 2, 3]})).mark_line().encode(x="x:Q"))
+    expected = chartproc.render_here(spec)
+    proc = chartproc.ChartProcess()
+    try:
+        first = [proc.submit(spec) for _ in range(3)]
+        os.kill(proc.pid, signal.SIGKILL)
+        later = proc.submit(spec)
+        assert all(f.result(timeout=120) == expected for f in [*first, later])   # answered there or here
+        deadline = time.monotonic() + 60
+        while "chart process ended" not in (err := capsys.readouterr().err) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "rendering charts in this process instead" in err, err
+    finally:
+        proc.close()
+    monkeypatch.setattr(chartproc.sys, "executable", "/nonexistent/python")
+    proc = chartproc.ChartProcess()
+    assert proc.pid is None and proc.submit(spec).result(timeout=120) == expected
+    assert "could not start" in capsys.readouterr().err
+    proc.close()

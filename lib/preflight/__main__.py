@@ -1,3 +1,3 @@
-from preflight.cli import main
+from preflight.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

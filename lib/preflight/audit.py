@@ -141,7 +141,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
     ``inprocess`` (plan-only audits only, refused otherwise)."""
     from preflight import inprocess
-    from preflight.device import BackgroundProbe, probe
+    from preflight.device import BackgroundProbe, cpu_only_build, probe, torch_build
     from preflight.records import versions
 
     if executor not in ("auto", "kernel", "inprocess"):
@@ -174,9 +174,11 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     background = None
     previous_handler = kernels.trap_sigint(started_kernels)
     try:
-        # in this process nothing imports torch; the machine is probed in a child meanwhile (1 s less)
-        background = BackgroundProbe() if in_process and not measuring else None
-        if in_process:              # the chart engine starts on the other core meanwhile (charts.warm_up)
+        # in this process nothing imports torch: a CPU build's answer needs none (device.probe), any
+        # other torch is probed in a child meanwhile (1-3 s of CPU off this core)
+        background = (BackgroundProbe() if in_process and not measuring and not cpu_only_build(torch_build())
+                      else None)
+        if in_process:              # the chart process starts on the other core meanwhile (charts.warm_up)
             from preflight import charts
 
             charts.warm_up()
@@ -239,6 +241,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     finally:
         if background:
             background.stop()
+        if in_process and "preflight.charts" in sys.modules:
+            sys.modules["preflight.charts"].stop_rendering()
         if previous_handler is not None and not interrupted:
             signal.signal(signal.SIGINT, previous_handler)
     return summary

@@ -91,7 +91,7 @@ class Chapter:
 
     def show(self, name: str, chart) -> None:
         """Display an Altair chart (SVG, offline) and keep it for the report's summary page. In the
-        plan-only audit's shell (``preflight.inprocess``) the SVG renders in a worker thread and the
+        plan-only audit's shell (``preflight.inprocess``) the SVG renders in the chart process and the
         output waits for it until the notebook is written: the chapter's next cells run meanwhile."""
         from IPython.display import display
 

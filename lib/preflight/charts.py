@@ -8,13 +8,13 @@ and the report alike. ``use_offline_renderer()`` switches Altair globally; chapt
 from __future__ import annotations
 
 import math
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import altair as alt
 import pandas as pd
 
-from preflight.chartfit import fit_spec, text_px
+from preflight.chartfit import text_px
 from preflight.numfmt import GiB, factor, num, plural
 
 
@@ -33,53 +33,50 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
     """SVG of ``chart``, whatever its row count (a large pipeline schedule has thousands of bars; the
     data is embedded in the SVG's source, not served), fitted by ``preflight.chartfit.fit_spec`` so no
     text runs off its edge."""
-    return _render(_spec(chart))
+    from preflight.chartproc import render_here
+
+    return render_here(_spec(chart))
 
 
 def render_later(chart: alt.TopLevelMixin, path: Path | None = None) -> Future:
-    """``to_svg(chart)`` in a worker thread, as a Future; the SVG is also written to ``path`` (before
-    the Future completes) when given. vl-convert releases the GIL while it renders, so the plan-only
-    audit's next cells run meanwhile on the other core (``preflight.inprocess`` waits for the SVG
-    when it writes the notebook). The spec is built here: Altair's settings are process-wide."""
-    return _renderer().submit(_render, _spec(chart), path)
+    """``to_svg(chart)`` as a Future, rendered in the chart process (``preflight.chartproc``: vl-convert
+    holds the GIL while it renders, so only another process renders while the plan-only audit's next
+    cells run); the SVG is also written to ``path`` (before the Future completes) when given.
+    ``preflight.inprocess`` waits for the SVG when it writes the notebook. The spec is built here:
+    Altair's settings are process-wide."""
+    return _renderer().submit(_spec(chart), path)
 
 
-_RENDERER: ThreadPoolExecutor | None = None     # one thread: vl-convert has one rendering engine anyway
+_RENDERER = None     # the chart process (preflight.chartproc.ChartProcess), started at the first need
 
 
-def warm_up() -> Future:
-    """Start vl-convert's engine in the rendering thread now: its first render costs ~0.7 s (the
-    JavaScript engine starts), later ones ~0.05 s. The plan-only audit calls it first, so that start
-    runs on the other core while the first chapter loads its libraries, not when its first chart is
-    due. The one-point chart it renders (unfitted: nothing shows it) is thrown away."""
-    def first_render() -> str:
-        import vl_convert as vlc
-
-        return vlc.vegalite_to_svg({"data": {"values": [{"x": 1}]}, "mark": "point",
-                                    "encoding": {"x": {"field": "x", "type": "quantitative"}}})
-
-    return _renderer().submit(first_render)
+def warm_up():
+    """Start the chart process now: its engine's first render costs ~0.7 s (the JavaScript engine
+    starts), later ones ~0.05 s. The plan-only audit calls it first, so that start runs on the other
+    core while the first chapter loads its libraries, not when its first chart is due. Returns it."""
+    return _renderer()
 
 
-def _renderer() -> ThreadPoolExecutor:
+def stop_rendering() -> None:
+    """End the chart process (the audit's end, Ctrl-C); the next ``render_later`` starts another."""
+    global _RENDERER
+    if _RENDERER is not None:
+        _RENDERER.close()
+        _RENDERER = None
+
+
+def _renderer():
     global _RENDERER
     if _RENDERER is None:
-        _RENDERER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-charts")
+        from preflight.chartproc import ChartProcess
+
+        _RENDERER = ChartProcess()
     return _RENDERER
 
 
 def _spec(chart: alt.TopLevelMixin) -> dict:
     with alt.data_transformers.disable_max_rows():
         return chart.to_dict(validate=VALIDATE)
-
-
-def _render(spec: dict, path: Path | None = None) -> str:
-    import vl_convert as vlc
-
-    svg = vlc.vegalite_to_svg(fit_spec(spec))
-    if path is not None:
-        path.write_text(svg)
-    return svg
 
 
 # Legend labels for people, from the models' column names.

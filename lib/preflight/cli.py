@@ -347,5 +347,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> int:
+    """The ``preflight`` command's process: ``main()``, then its objects are frozen out of the garbage
+    collector, since the process ends next and its final collection of every object of pandas,
+    altair, IPython and nbconvert took 0.25 s of a 3.6 s plan-only audit (2-core box, 2026-12-05).
+    Only for a process that ends: ``main()`` called in a longer-lived one (the tests) is left as is."""
+    import gc
+
+    try:
+        return main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

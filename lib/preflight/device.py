@@ -2,11 +2,20 @@
 
 ``probe()`` is the single source of the device facts every record and report shows. On a CPU-only
 machine everything still runs, and every figure is labelled as measured on the CPU.
+
+Importing torch costs 1-3 s of CPU on a small machine, more than the whole plan-only audit's
+formulas. Where torch's own build says that it can reach no accelerator (a CPU build: its
+``torch/version.py`` names no CUDA, HIP or XPU, and the machine is not a Mac, where MPS needs no
+build flag), ``torch.cuda.is_available()`` is False whatever the machine holds, so ``probe()`` gives
+the CPU answer from that file without importing torch (``torch_build``). Any other build is asked
+the usual way, through torch.
 """
 from __future__ import annotations
 
+import ast
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 
 from preflight import hardware
@@ -71,7 +80,62 @@ def _nvml_driver() -> str | None:
         return None
 
 
+def torch_build() -> dict | None:
+    """torch's build facts (``__version__``, ``cuda``, ``hip``, ``xpu``: None where not built for it),
+    read from the installed ``torch/version.py`` (literal assignments, generated at build time) without
+    importing torch, or from the module when torch is already imported; None without a torch, or
+    when the file cannot be read as such (then ask torch itself)."""
+    keys = ("__version__", "cuda", "hip", "xpu")
+    loaded = sys.modules.get("torch")
+    if loaded is not None and hasattr(loaded, "version"):
+        return {k: getattr(loaded.version, k, None) for k in keys}
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.origin:
+            return None
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            tree = ast.parse(f.read())
+        got = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name) and target.id in keys:
+                        got[target.id] = ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return None
+    if not isinstance(got.get("__version__"), str):
+        return None
+    return {k: got.get(k) for k in keys}
+
+
+def cpu_only_build(build: dict | None) -> bool:
+    """True when this torch can reach no accelerator: built for none (no CUDA, HIP or XPU) and not on
+    a Mac (MPS). Then the CPU fallback is certain without asking torch."""
+    return (build is not None and sys.platform != "darwin"
+            and all(build.get(k) is None for k in ("cuda", "hip", "xpu")))
+
+
+_CPU_NOTE = ("no CUDA/ROCm device found: measurements run on the CPU and are labelled as such; "
+             "GPU-only parts are shown as not available")
+
+
+def _cpu_info(torch_version: str, notes: list[str]) -> DeviceInfo:
+    return DeviceInfo(kind="cpu", name=_cpu_name(), count=len(os.sched_getaffinity(0)),
+                      memory_GB=_host_memory_GB(), torch=torch_version, notes=notes)
+
+
 def probe() -> DeviceInfo:
+    """This machine as torch sees it (``probe_with_torch``); a CPU build of torch is not imported for
+    it (module docstring): the answer is the same."""
+    build = torch_build()
+    if cpu_only_build(build):
+        return _cpu_info(build["__version__"], [_CPU_NOTE])
+    return probe_with_torch()
+
+
+def probe_with_torch() -> DeviceInfo:
     import torch
 
     if torch.cuda.is_available():
@@ -84,14 +148,12 @@ def probe() -> DeviceInfo:
             capability=f"{props.major}.{props.minor}",
             table_key=(hardware.lookup(name).name if hardware.lookup(name) else None),
         )
-    notes = ["no CUDA/ROCm device found: measurements run on the CPU and are labelled as such; "
-             "GPU-only parts are shown as not available"]
+    notes = [_CPU_NOTE]
     for kind in ("xpu", "mps"):      # other accelerators torch knows; not measured by Preflight yet
         backend = getattr(torch, kind, None)
         if backend is not None and getattr(backend, "is_available", lambda: False)():
             notes.append(f"a torch '{kind}' device is present but not supported yet: the CPU is measured")
-    return DeviceInfo(kind="cpu", name=_cpu_name(), count=len(os.sched_getaffinity(0)),
-                      memory_GB=_host_memory_GB(), torch=torch.__version__, notes=notes)
+    return _cpu_info(torch.__version__, notes)
 
 
 def torch_device(info: DeviceInfo | None = None):
@@ -151,14 +213,14 @@ class BackgroundProbe:
     """``python -m preflight.device`` (this machine's probe and library versions, as JSON) in a child
     process; ``result()`` waits for it and gives ``(machine dict, versions dict)``.
 
-    For the plan-only audit: probing imports torch (about 1 s on two cores), which nothing else in it
-    needs; the child does it on another core while the chapters run. If the child fails, the probe
+    For the plan-only audit with a torch that may reach an accelerator (a CPU build is probed without
+    importing it: ``probe``): probing imports torch (1-3 s of CPU on two cores), which nothing else in
+    it needs; the child does it on another core while the chapters run. If the child fails, the probe
     runs here instead (one line on stderr says why): the answer is the same, only slower. ``stop()``
     ends the child (Ctrl-C)."""
 
     def __init__(self):
         import subprocess
-        import sys
 
         self._child = subprocess.Popen([sys.executable, "-m", "preflight.device"], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
@@ -184,8 +246,6 @@ class BackgroundProbe:
             pass
         finally:
             self.stop()
-        import sys
-
         print(f"preflight: the background device probe failed ({why}); probing in this process instead",
               file=sys.stderr)
         return probe().as_dict(), versions()            # same answer, only slower

@@ -12,8 +12,9 @@ processes, take minutes, and need the per-cell timeout and Ctrl-C handling a ker
 What a cell shows is kept in order, as a kernel would send it: ``print`` (stream), ``display`` (display
 data; a ``display_id`` handle updates its output in place), the value of a last expression (execute
 result) and an exception (error output; the chapter then stops, as papermill stops it). A chart
-(``Chapter.show``) renders in a worker thread while the next cells run; its output is filled in when
-the notebook is written, and a chart that failed to render fails its chapter. A cell longer
+(``Chapter.show``) renders in the chart process (``preflight.chartproc``) while the next cells run;
+its output is filled in when the notebook is written, and a chart that failed to render fails its
+chapter. A cell longer
 than ``timeout_s`` is stopped by SIGALRM (main thread only). Ctrl-C reaches the audit as
 KeyboardInterrupt, not as a chapter error.
 """
@@ -40,7 +41,7 @@ class CellError(Exception):
 
 class _Outputs:
     """The outputs of the running cell, in the order they happened. A display whose data is still
-    being computed (a ``Future``: a chart ``Chapter.show`` renders in a worker thread) gets an empty
+    being computed (a ``Future``: a chart ``Chapter.show`` renders in the chart process) gets an empty
     value and goes to ``pending`` (output, mimetype, future), filled in by ``_wait_for_pending``."""
 
     def __init__(self, pending: list):
@@ -110,7 +111,11 @@ def _shell():
         def finish_displayhook(self):
             pass
 
-    shell = InteractiveShell.instance(colors="nocolor", autocall=0, automagic=False)
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False   # the audit's cells stay out of the user's IPython history
+    shell = InteractiveShell.instance(config=config, colors="nocolor", autocall=0, automagic=False)
     shell.display_pub = Publisher(shell=shell, parent=shell)
     shell.displayhook = Hook(shell=shell, cache_size=0, parent=shell)
     shell.display_trap.hook = shell.displayhook

@@ -86,19 +86,18 @@ def device_mismatch(recorded: dict, expected: dict) -> str | None:
 
 
 def versions() -> dict:
-    """Python and key library versions (torch only if already imported or importable)."""
+    """Python and key library versions; torch's CUDA / HIP build from its build file, without
+    importing torch (``device.torch_build``; absent keys: no torch)."""
     from preflight import __version__
+    from preflight.device import torch_build
 
     out = {"python": platform.python_version(), "preflight": __version__}    # also when not pip-installed
     for mod in ("torch", "numpy", "pandas"):
         out[mod] = _version(mod)
-    try:
-        import torch
-
-        out["cuda"] = torch.version.cuda
-        out["hip"] = getattr(torch.version, "hip", None)
-    except Exception:  # noqa: BLE001 - torch absent: plan-only use
-        pass
+    build = torch_build()
+    if build is not None:
+        out["cuda"] = build["cuda"]
+        out["hip"] = build["hip"]
     return out
 
 
