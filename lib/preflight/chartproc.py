@@ -145,7 +145,11 @@ def _finish_here(future: Future, spec: dict, path: Path | None) -> None:
 
 
 def _serve() -> None:
-    """The child: start the engine, then one answer a request until stdin closes."""
+    """The child: start the engine, then one answer a request until stdin closes (the audit ended,
+    or was killed). Ctrl-C is the audit's to handle: it stops this child itself (``close``)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)                       # anything else printed to stdout goes to stderr, not into the protocol
     render_here(WARM_UP_SPEC)

@@ -7,7 +7,8 @@ notebook or HTML. What it leaves out are the measured findings, which a plan-onl
 "not measured" (verdict info) and which can therefore never trip a gate.
 
 No torch import, except for ``cluster.gpu: auto``: then the GPU is this machine's, and its memory
-and peak come from probing it (``preflight.device.probe``, which imports torch).
+and peak come from probing it (``preflight.device.probe``, which imports torch unless torch is a CPU
+build).
 
 Cost on a 2-core machine with a warm file cache: about 0.8 s of imports (pandas and numpy, used by
 the chapters' tables, dominate; pydantic for the profile), then tens of milliseconds of formulas
