@@ -206,6 +206,11 @@ def test_charts_render_in_the_chart_process_not_here(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match="conversion failed"):      # that chart's own error...
             bad.result(timeout=120)
         assert charts.render_later(chart).result(timeout=120) == expected     # ...and the process goes on
+        monkeypatch.undo()                       # not JSON: tried here, where vl-convert rejects it alike
+        odd = proc.submit({"data": {"values": [{"x": object()}]}, "mark": "point"})
+        with pytest.raises(ValueError, match="JSON"):
+            odd.result(timeout=120)
+        assert proc.submit(charts._spec(chart)).result(timeout=120) == expected
         child = proc._child
     finally:
         charts.stop_rendering()

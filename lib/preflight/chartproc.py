@@ -46,8 +46,8 @@ class ChartProcess:
         import tempfile
 
         self._lock = threading.Lock()           # guards _pending, _next_id and _failed
-        self._write_lock = threading.Lock()     # one request at a time on the pipe (not under _lock:
-        self._pending: dict[int, tuple[Future, dict, Path | None]] = {}    # a full pipe must not block the reader)
+        self._write_lock = threading.Lock()     # one request at a time on the pipe; not _lock, which the
+        self._pending: dict[int, tuple[Future, dict, Path | None]] = {}    # reader needs while a write waits
         self._next_id = 0
         self._failed: str | None = None
         self._stderr = tempfile.TemporaryFile()     # not a pipe: a child that prints much never blocks on it
@@ -77,8 +77,16 @@ class ChartProcess:
             _finish_here(future, spec, path)
             return future
         try:
+            line = json.dumps({"id": request_id, "spec": spec}).encode() + b"\n"
+        except (TypeError, ValueError):         # not plain JSON (vl-convert here takes more): render it here
+            with self._lock:
+                mine = self._pending.pop(request_id, None)      # None: the child failed and _fail took it
+            if mine:
+                _finish_here(future, spec, path)
+            return future
+        try:
             with self._write_lock:
-                self._child.stdin.write(json.dumps({"id": request_id, "spec": spec}).encode() + b"\n")
+                self._child.stdin.write(line)
                 self._child.stdin.flush()
         except (OSError, ValueError):           # the child is gone: this chart and the unanswered ones render here
             self._fail("it stopped reading its requests")
