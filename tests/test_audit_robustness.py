@@ -282,3 +282,23 @@ def test_interrupted_audit_leaves_no_complete_report(two_audits, tmp_path, sig, 
         for k in kernels:                       # kill -9 leaves the kernel to its parent poller: end ours
             if _alive(k):
                 os.kill(k, signal.SIGKILL)
+
+
+def test_ctrl_c_turns_logging_off_for_nbclients_cleanup():
+    """The Ctrl-C handler kills the kernel and turns logging off before nbclient's cleanup runs the
+    event loop once more: its kernel-alive poll, when due then, logged "Kernel died while waiting for
+    execute reply." of the kernel we killed (seen in CI beside the test above). The audit turns it
+    back on when it has cleaned up (audit.run_audit's finally)."""
+    import logging
+
+    from preflight import kernels
+
+    previous = kernels.trap_sigint([])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert logging.root.manager.disable >= logging.CRITICAL
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN       # a second Ctrl-C is ignored
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        logging.disable(logging.NOTSET)

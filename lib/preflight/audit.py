@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import re
 import signal
 import sys
@@ -243,6 +244,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             background.stop()
         if in_process and "preflight.charts" in sys.modules:
             sys.modules["preflight.charts"].stop_rendering()
+        if interrupted:             # kernels.trap_sigint turned logging off for nbclient's cleanup: over now
+            logging.disable(logging.NOTSET)
         if previous_handler is not None and not interrupted:
             signal.signal(signal.SIGINT, previous_handler)
     return summary
