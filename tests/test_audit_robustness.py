@@ -302,3 +302,28 @@ def test_ctrl_c_turns_logging_off_for_nbclients_cleanup():
     finally:
         signal.signal(signal.SIGINT, previous)
         logging.disable(logging.NOTSET)
+
+
+def test_an_audit_stopped_by_ctrl_c_turns_logging_back_on(monkeypatch, tmp_path):
+    """Ctrl-C as the report is written (after the chapters, where no event-loop clean-up runs):
+    run_audit exits 130 and leaves logging as it found it (fails when its finally does not restore
+    what kernels.trap_sigint turned off)."""
+    import logging
+
+    from preflight import audit
+    from preflight.profile import load_profile
+
+    def interrupted(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)      # the audit's own Ctrl-C handler: logging off, KeyboardInterrupt
+        raise AssertionError("the handler raises")
+
+    monkeypatch.setattr(audit, "_publish", interrupted)
+    before_handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            audit.run_audit(load_profile(EXAMPLE), EXAMPLE, tmp_path / "o", chapters=[2], plan_only=True)
+        assert stop.value.code == audit.INTERRUPTED_EXIT
+        assert logging.root.manager.disable == logging.NOTSET
+    finally:
+        signal.signal(signal.SIGINT, before_handler)
+        logging.disable(logging.NOTSET)

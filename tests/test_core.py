@@ -126,14 +126,18 @@ def test_a_cpu_build_of_torch_is_probed_without_importing_it():
             "slow = device.probe_with_torch().as_dict(); "
             "import torch; v2 = records.versions(); "
             "print(json.dumps([device.torch_build(), imported, fast, slow, v, v2]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    build, imported, fast, slow, v, v2 = json.loads(r.stdout)
-    if not device.cpu_only_build(build):
-        pytest.skip(f"torch here is built for an accelerator ({build}): probe asks torch itself")
-    assert imported is False
-    assert fast == slow and fast["kind"] == "cpu" and fast["torch"] == build["__version__"]
-    assert v == v2 and v["torch"] == fast["torch"] and v["cuda"] is None
+    env = {k: v for k, v in os.environ.items() if k not in device.PINNING_VARIABLES}
+    for pinned in (False, True):
+        # OMP_PROC_BIND: loading torch's OpenMP pins the process to fewer cores; then torch is asked
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env=env | ({"OMP_PROC_BIND": "true"} if pinned else {}))
+        assert r.returncode == 0, r.stderr[-2000:]
+        build, imported, fast, slow, v, v2 = json.loads(r.stdout)
+        if not device.cpu_only_build(build):
+            pytest.skip(f"torch here is built for an accelerator ({build}): probe asks torch itself")
+        assert imported is pinned
+        assert fast == slow and fast["kind"] == "cpu" and fast["torch"] == build["__version__"]
+        assert v == v2 and v["torch"] == fast["torch"] and v["cuda"] is None
 
 
 def test_which_torch_builds_are_taken_as_cpu_only(tmp_path, monkeypatch):
@@ -215,6 +219,31 @@ def test_charts_render_in_the_chart_process_not_here(monkeypatch, tmp_path):
     finally:
         charts.stop_rendering()
     assert child.poll() is not None                                      # stopped: nothing left running
+    assert child.stdin.closed and child.stdout.closed                   # its pipes released
+
+
+def test_a_chart_no_one_waits_for_any_more_is_dropped(monkeypatch):
+    """Ctrl-C cancels the Futures of the charts not yet answered (inprocess._wait_for_pending); their
+    answers, when they come, are dropped, and the reader goes on answering the others (it died of
+    InvalidStateError when it set a cancelled Future's result)."""
+    import threading
+
+    import altair as alt
+    import pandas as pd
+
+    from preflight import chartproc, charts
+
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    spec = charts._spec(alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x:Q"))
+    proc = chartproc.ChartProcess()
+    try:
+        dropped = proc.submit(spec)
+        assert dropped.cancel()                  # before its answer: the child first starts its engine
+        assert proc.submit(spec).result(timeout=120).startswith("<svg")
+    finally:
+        proc.close()
+    assert dropped.cancelled() and died == []
 
 
 def test_a_chart_process_that_dies_or_cannot_start_leaves_the_charts_to_this_process(monkeypatch, capsys):

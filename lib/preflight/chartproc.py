@@ -13,7 +13,8 @@ on the other core while they run.
 path first when given. A spec that vl-convert rejects fails its own Future with vl-convert's
 message; a child that cannot start or dies says so in one line on stderr, and every chart it had
 not answered, and every later one, is rendered in the caller's process instead: the SVG is the
-same, only the audit is slower. ``close`` ends the child.
+same, only the audit is slower. ``close`` ends the child. A chart the audit stopped waiting for
+(Ctrl-C cancels its Future) is dropped when its answer comes.
 """
 from __future__ import annotations
 
@@ -51,14 +52,17 @@ class ChartProcess:
         self._next_id = 0
         self._failed: str | None = None
         self._stderr = tempfile.TemporaryFile()     # not a pipe: a child that prints much never blocks on it
-        try:
-            self._child = subprocess.Popen([sys.executable, "-m", "preflight.chartproc"], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=self._stderr)
+        self._reader = None
+        try:    # -P: the user's folder first on the path would shadow modules; a session of its own: Ctrl-C
+            self._child = subprocess.Popen(        # is the audit's to handle (it stops the child, close)
+                [sys.executable, "-P", "-m", "preflight.chartproc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self._stderr, start_new_session=True)
         except OSError as err:
             self._child = None
             self._fail(f"it could not start: {err}")
             return
-        threading.Thread(target=self._read, name="preflight-chartproc", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="preflight-chartproc", daemon=True)
+        self._reader.start()
 
     @property
     def pid(self) -> int | None:
@@ -98,22 +102,15 @@ class ChartProcess:
                 got = json.loads(raw)
                 with self._lock:
                     future, _spec, path = self._pending.pop(got["id"])
-                if "svg" not in got:
-                    future.set_exception(ValueError(got["error"]))
-                    continue
-                try:
-                    if path is not None:
-                        path.write_text(got["svg"])
-                    future.set_result(got["svg"])
-                except OSError as err:
-                    future.set_exception(err)
+                _settle(future, lambda got=got, path=path: _reply(got, path))
             code = self._child.wait()
             self._stderr.seek(0)
             last = self._stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             why = f"it exited with code {code}: {last[0][:200]}"
-        except (ValueError, KeyError, TypeError) as bad:        # not the protocol: stop it
+        except (ValueError, KeyError, TypeError) as bad:        # not the protocol (or closed): stop it
             why = f"its reply was not a chart ({type(bad).__name__})"
             self._child.kill()
+            self._child.wait()
         self._fail(why)
 
     def _fail(self, why: str) -> None:
@@ -129,35 +126,60 @@ class ChartProcess:
             _finish_here(future, spec, path)
 
     def close(self) -> None:
-        """End the child. The audit waits for its charts first: any still unanswered (Ctrl-C) are cancelled."""
+        """End the child and release its pipes. The audit waits for its charts first: any still
+        unanswered (Ctrl-C) are cancelled."""
         with self._lock:
-            stopping = self._failed is None
             self._failed = self._failed or "it was stopped"
             left, self._pending = list(self._pending.values()), {}
-        if self._child is not None and stopping:
+        for future, _spec, _path in left:
+            future.cancel()
+        if self._child is not None:
             if self._child.poll() is None:
                 self._child.kill()
             self._child.wait()
-        for future, _spec, _path in left:
-            future.cancel()
+            if self._reader is not None:
+                self._reader.join(timeout=10)       # it ends at the pipe's end
+            for pipe in (self._child.stdin, self._child.stdout):
+                try:
+                    pipe.close()
+                except OSError:                     # a broken pipe's last flush
+                    pass
+        self._stderr.close()
+
+
+def _reply(got: dict, path: Path | None) -> str:
+    """The SVG of the child's answer ``got`` (written to ``path`` first), or its error raised."""
+    if "svg" not in got:
+        raise ValueError(got["error"])
+    if path is not None:
+        path.write_text(got["svg"])
+    return got["svg"]
 
 
 def _finish_here(future: Future, spec: dict, path: Path | None) -> None:
-    try:
-        svg = render_here(spec)
+    def svg() -> str:
+        out = render_here(spec)
         if path is not None:
-            path.write_text(svg)
-        future.set_result(svg)
+            path.write_text(out)
+        return out
+
+    _settle(future, svg)
+
+
+def _settle(future: Future, make) -> None:
+    """``future``'s result from ``make()``, or what it raised; nothing for a cancelled Future (the
+    audit stopped waiting for it: Ctrl-C)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(make())
     except Exception as err:  # noqa: BLE001 - the Future carries it to whoever waits for the chart
         future.set_exception(err)
 
 
 def _serve() -> None:
     """The child: start the engine, then one answer a request until stdin closes (the audit ended,
-    or was killed). Ctrl-C is the audit's to handle: it stops this child itself (``close``)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    or was killed)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)                       # anything else printed to stdout goes to stderr, not into the protocol
     render_here(WARM_UP_SPEC)

@@ -7,7 +7,8 @@ Importing torch costs 1-3 s of CPU on a small machine, more than the whole plan-
 formulas. Where torch's own build says that it can reach no accelerator (a CPU build: its
 ``torch/version.py`` names no CUDA, HIP or XPU, and the machine is not a Mac, where MPS needs no
 build flag), ``torch.cuda.is_available()`` is False whatever the machine holds, so ``probe()`` gives
-the CPU answer from that file without importing torch (``torch_build``). Any other build is asked
+the CPU answer from that file without importing torch (``torch_build``), unless OpenMP settings would
+pin the process to fewer cores as torch loads (``answers_without_torch``). Any other build is asked
 the usual way, through torch.
 """
 from __future__ import annotations
@@ -117,6 +118,18 @@ def cpu_only_build(build: dict | None) -> bool:
             and all(build.get(k) is None for k in ("cuda", "hip", "xpu")))
 
 
+# OpenMP settings with which loading torch's OpenMP runtime pins this process to fewer cores: with
+# OMP_PROC_BIND=true on 2 cores, os.sched_getaffinity gave 2 before `import torch` and 1 after.
+PINNING_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def answers_without_torch(build: dict | None) -> bool:
+    """Whether ``probe`` can answer without importing torch and give what torch would: a CPU build
+    (``cpu_only_build``), and no OpenMP pinning that the import would apply (``PINNING_VARIABLES``;
+    the cores this process may use are part of the answer)."""
+    return cpu_only_build(build) and not any(os.environ.get(v) for v in PINNING_VARIABLES)
+
+
 _CPU_NOTE = ("no CUDA/ROCm device found: measurements run on the CPU and are labelled as such; "
              "GPU-only parts are shown as not available")
 
@@ -128,9 +141,9 @@ def _cpu_info(torch_version: str, notes: list[str]) -> DeviceInfo:
 
 def probe() -> DeviceInfo:
     """This machine as torch sees it (``probe_with_torch``); a CPU build of torch is not imported for
-    it (module docstring): the answer is the same."""
+    it (module docstring) when the answer is the same without (``answers_without_torch``)."""
     build = torch_build()
-    if cpu_only_build(build):
+    if answers_without_torch(build):
         return _cpu_info(build["__version__"], [_CPU_NOTE])
     return probe_with_torch()
 
@@ -222,8 +235,8 @@ class BackgroundProbe:
     def __init__(self):
         import subprocess
 
-        self._child = subprocess.Popen([sys.executable, "-m", "preflight.device"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+        self._child = subprocess.Popen([sys.executable, "-P", "-m", "preflight.device"],    # -P: no user folder
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)   # on the path
 
     def result(self, timeout_s: float = 120) -> tuple[dict, dict]:
         import json

@@ -139,7 +139,7 @@ _running = False
 def _wait_for_pending(pending: list, timeout_s: float) -> CellError | None:
     """Put each pending display's value in its output, as soon as it is ready (in display order, each
     within ``timeout_s``, the cell limit); the first that failed becomes the chapter's error, its output
-    a line that says so. Ctrl-C cancels the charts not yet rendering."""
+    a line that says so. Ctrl-C cancels the charts not yet answered (the chart process drops them)."""
     failed = None
     for out, mime, future in pending:
         try:
