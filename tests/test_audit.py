@@ -398,3 +398,25 @@ def test_unwritable_out_is_bad_input(tmp_path):
     (tmp_path / "afile").write_text("x")
     r = run_cli("audit", EXAMPLE, "--out", tmp_path / "afile" / "sub", "--plan-only")
     assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_audit_in_this_process_leaves_its_main_module(tmp_path):
+    """The plan-only audit runs its chapters in this process's IPython shell, which puts its own
+    module in sys.modules['__main__']; after the audit the host's is back, so multiprocessing's spawn
+    (torch.multiprocessing.start_processes) still works in the process that called run_audit. (Left
+    in place, a later test's spawn failed: "module '__main__' has no attribute '__spec__'".)"""
+    import multiprocessing
+    import sys
+
+    from preflight.audit import run_audit
+    from preflight.profile import load_profile
+
+    host_main = sys.modules["__main__"]
+    summary = run_audit(load_profile(EXAMPLE), EXAMPLE, tmp_path / "r", chapters=[2], plan_only=True,
+                        executor="inprocess")
+    assert [c["status"] for c in summary["chapters"]] == ["ok"]
+    assert sys.modules["__main__"] is host_main
+    p = multiprocessing.get_context("spawn").Process(target=print)
+    p.start()
+    p.join(timeout=120)
+    assert p.exitcode == 0

@@ -25,6 +25,7 @@ import functools
 import io
 import os
 import signal
+import sys
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -175,13 +176,15 @@ def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_
     at = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1)
     nb.cells.insert(at + 1, parameters_cell(parameters))
     global _running
-    shell = _shell()
+    host_main = sys.modules.get("__main__")    # IPython puts its user module there: the cells' while they run,
+    shell = _shell()                            # the host's again after (multiprocessing's spawn reads it)
     shell.reset(new_session=False)              # a fresh namespace per chapter, modules kept loaded
     failed = None
     pending: list = []                          # charts still rendering (Chapter.show)
     old_cwd = os.getcwd()
     os.chdir(cwd)
     _running = True
+    sys.modules["__main__"] = shell.user_module
     try:
         for count, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
             shell.pf_outputs = _Outputs(pending)
@@ -196,6 +199,7 @@ def execute_notebook(src: Path, dst: Path, parameters: dict, cwd: Path, timeout_
                 break
     finally:
         _running = False
+        sys.modules["__main__"] = host_main
         os.chdir(old_cwd)
         chart_failed = _wait_for_pending(pending, timeout_s)     # every chart in place, also after a failed cell
         failed = failed or chart_failed
