@@ -164,9 +164,15 @@ def test_which_torch_builds_are_taken_as_cpu_only(tmp_path, monkeypatch):
     assert not device.cpu_only_build(device.torch_build())
 
 
-def test_background_probe_answers_and_says_why_it_fell_back(capsys):
+def test_background_probe_answers_and_says_why_it_fell_back(capsys, monkeypatch):
     here = device.probe().as_dict()
-    machine, vers = device.BackgroundProbe().result(timeout_s=120)          # the child's answer
+    bg = device.BackgroundProbe()
+    assert (bg._child is None) == device.answers_without_torch(device.torch_build())   # a CPU build: no child
+    assert bg.result(timeout_s=120)[0] == here
+    monkeypatch.setattr(device, "answers_without_torch", lambda build: False)      # any other build: a child
+    bg = device.BackgroundProbe()
+    assert bg._child is not None
+    machine, vers = bg.result(timeout_s=120)                                # the child's answer
     assert machine == here and vers["torch"] and vers["python"]
     assert capsys.readouterr().err == ""
     for code, says in (("import sys; sys.exit('boom')", "exited with code 1: boom"),

@@ -142,7 +142,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
     ``inprocess`` (plan-only audits only, refused otherwise)."""
     from preflight import inprocess
-    from preflight.device import BackgroundProbe, answers_without_torch, probe, torch_build
+    from preflight.device import BackgroundProbe, probe
     from preflight.records import versions
 
     if executor not in ("auto", "kernel", "inprocess"):
@@ -172,18 +172,17 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     runs: list[ChapterRun] = []
     started_kernels: list = []   # managers of the kernels started (kernels.stop ends them)
     published = interrupted = False
-    background = None
+    background = rendering = None
     logging_off = logging.root.manager.disable     # kernels.trap_sigint's Ctrl-C changes it; restored below
     previous_handler = kernels.trap_sigint(started_kernels)
     try:
-        # in this process nothing imports torch: a CPU build's answer needs none (device.probe), any
-        # other torch is probed in a child meanwhile (1-3 s of CPU off this core)
-        background = (BackgroundProbe() if in_process and not measuring and not answers_without_torch(torch_build())
-                      else None)
+        # in this process nothing imports torch; the machine is probed in a child meanwhile, unless torch
+        # is a CPU build (device.BackgroundProbe)
+        background = BackgroundProbe() if in_process and not measuring else None
         if in_process:              # the chart process starts on the other core meanwhile (charts.warm_up)
-            from preflight import charts
+            from preflight import charts as rendering
 
-            charts.warm_up()
+            rendering.warm_up()
         with tempfile.TemporaryDirectory(prefix="preflight-kernels-") as sockets:
             km_class = None if in_process else kernels.manager_class(sockets, started_kernels)    # jupyter_client: 0.3 s
             try:
@@ -244,8 +243,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
         logging.disable(logging_off)        # off since Ctrl-C for nbclient's cleanup (kernels.trap_sigint): over now
         if background:
             background.stop()
-        if in_process and "preflight.charts" in sys.modules:
-            sys.modules["preflight.charts"].stop_rendering()
+        if rendering:
+            rendering.stop_rendering()
         if previous_handler is not None and not interrupted:
             signal.signal(signal.SIGINT, previous_handler)
     return summary

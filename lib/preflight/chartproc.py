@@ -71,26 +71,22 @@ class ChartProcess:
     def submit(self, spec: dict, path: Path | None = None) -> Future:
         """A Future of ``spec``'s SVG (written to ``path`` before the Future completes, when given)."""
         future: Future = Future()
+        try:
+            body = json.dumps(spec)
+        except (TypeError, ValueError):         # not plain JSON: tried here, where vl-convert says why
+            body = None
         with self._lock:
-            failed = self._failed is not None
-            if not failed:
+            here = body is None or self._failed is not None
+            if not here:
                 self._next_id += 1
                 request_id = self._next_id
                 self._pending[request_id] = (future, spec, path)
-        if failed:
+        if here:
             _finish_here(future, spec, path)
             return future
         try:
-            line = json.dumps({"id": request_id, "spec": spec}).encode() + b"\n"
-        except (TypeError, ValueError):         # not plain JSON (vl-convert here takes more): render it here
-            with self._lock:
-                mine = self._pending.pop(request_id, None)      # None: the child failed and _fail took it
-            if mine:
-                _finish_here(future, spec, path)
-            return future
-        try:
             with self._write_lock:
-                self._child.stdin.write(line)
+                self._child.stdin.write(f'{{"id": {request_id}, "spec": {body}}}\n'.encode())
                 self._child.stdin.flush()
         except (OSError, ValueError):           # the child is gone: this chart and the unanswered ones render here
             self._fail("it stopped reading its requests")

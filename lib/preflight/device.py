@@ -226,17 +226,18 @@ class BackgroundProbe:
     """``python -m preflight.device`` (this machine's probe and library versions, as JSON) in a child
     process; ``result()`` waits for it and gives ``(machine dict, versions dict)``.
 
-    For the plan-only audit with a torch that may reach an accelerator (a CPU build is probed without
-    importing it: ``probe``): probing imports torch (1-3 s of CPU on two cores), which nothing else in
-    it needs; the child does it on another core while the chapters run. If the child fails, the probe
-    runs here instead (one line on stderr says why): the answer is the same, only slower. ``stop()``
-    ends the child (Ctrl-C)."""
+    For the plan-only audit: probing imports torch (1-3 s of CPU on two cores), which nothing else in
+    it needs; the child does it on another core while the chapters run. Where ``probe`` answers
+    without torch (``answers_without_torch``: a CPU build) no child is started: ``result()`` probes
+    here, in milliseconds. If the child fails, the probe runs here instead (one line on stderr says
+    why): the answer is the same, only slower. ``stop()`` ends the child (Ctrl-C)."""
 
     def __init__(self):
         import subprocess
 
-        self._child = subprocess.Popen([sys.executable, "-P", "-m", "preflight.device"],    # -P: no user folder
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)   # on the path
+        self._child = None if answers_without_torch(torch_build()) else subprocess.Popen(
+            [sys.executable, "-P", "-m", "preflight.device"],       # -P: no user folder first on the path
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout_s: float = 120) -> tuple[dict, dict]:
         import json
@@ -244,6 +245,8 @@ class BackgroundProbe:
 
         from preflight.records import versions
 
+        if self._child is None:
+            return probe().as_dict(), versions()
         why = "its reply was not the probe's JSON"
         try:
             out, err = self._child.communicate(timeout=timeout_s)
@@ -264,7 +267,7 @@ class BackgroundProbe:
         return probe().as_dict(), versions()            # same answer, only slower
 
     def stop(self) -> None:
-        if self._child.poll() is None:
+        if self._child is not None and self._child.poll() is None:
             self._child.kill()
             self._child.wait()
 

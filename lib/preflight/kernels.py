@@ -59,10 +59,10 @@ def stop(managers: list, wait: bool = True) -> None:
 def trap_sigint(kernels: list):
     """Ctrl-C: kill the running kernel at once, ignore further Ctrl-C during the cleanup, raise
     KeyboardInterrupt. (Left to itself, nbclient's cleanup would ask the busy kernel to shut down, and
-    ipykernel prints a traceback on stderr.) Logging stays off until ``settle_event_loop`` has run:
-    nbclient's cleanup runs the event loop once more, and its kernel-alive poll, when due then, logs
-    "Kernel died while waiting for execute reply." of the kernel killed here. Returns the previous
-    handler, None off the main thread."""
+    ipykernel prints a traceback on stderr.) Logging is turned off: nbclient's cleanup runs the event
+    loop once more, and its kernel-alive poll, when due then, logs "Kernel died while waiting for
+    execute reply." of the kernel killed here; ``audit.run_audit`` turns it back on when it has
+    cleaned up. Returns the previous handler, None off the main thread."""
     def on_sigint(signum, frame):
         import logging
 
