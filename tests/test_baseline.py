@@ -254,6 +254,11 @@ def test_gpu_baseline_quick():
     mem = r["memory"]
     assert "max_memory_allocated" in mem["method"] and not mem["is_lower_bound"]
     assert mem["peak_GB"] >= mem["tensor_bytes"]["parameters"] / 1e9
+    assert r["mfu"]["peak_dtype"] == r["config"]["dtype"] or r["config"]["dtype"] == "fp32"
+    assert 0.75 < r["flops"]["ratio_counted_to_formula"] < 1.25
+    assert r["mfu"]["mfu_measured_ceiling"] > 0
+    if not r["profile"]["available"]:          # CUPTI refused (a sandboxed GPU): the rest above holds
+        pytest.skip(f"no op categories here: {r['profile']['reason']}")
     assert r["categories"] is not None and r["profile"]["coverage"] <= 1.0001
     cats = {c["category"]: c for c in r["categories"]}
     assert cats["matmul"]["time_s"] > 0

@@ -123,4 +123,9 @@ def test_real_gpu_shows_utilisation_while_busy():
         pytest.skip(f"NVML not usable: {nv.reason}")
     s = nv.summary()
     assert s["samples"] >= 5
-    assert s["gpu_util_pct_max"] > 50 and s["sm_clock_MHz_max"] > 100 and s["mem_used_GB_max"] > 0
+    bounds = {"gpu_util_pct_max": 50, "sm_clock_MHz_max": 100, "mem_used_GB_max": 0}
+    for field, low in bounds.items():          # what NVML gives here must be right
+        assert s[field] is None or s[field] > low, (field, s[field])
+    missing = [f for f in bounds if s[f] is None]
+    if missing:                                # a sandboxed driver may answer some fields only
+        pytest.skip(f"NVML gives no {', '.join(missing)} on this machine (None, not 0)")

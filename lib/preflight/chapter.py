@@ -185,7 +185,7 @@ class Chapter:
         progress.finished(method.name, t0)
         rec = method.record({"quick": self.quick, **(params or {})}, results, self.device.as_dict())
         path = save_record(rec, self.out_dir / "records", name=name) if self.out_dir else None
-        m = Measured(results, f"measured on {self.device.label}", rec)
+        m = Measured(results, f"measured on {rec['ran_on']['label']}", rec)
         self._log(method, name, "live", m.source, problems, str(path) if path else None)
         return m
 

@@ -139,6 +139,12 @@ def _cpu_info(torch_version: str, notes: list[str]) -> DeviceInfo:
                       memory_GB=_host_memory_GB(), torch=torch_version, notes=notes)
 
 
+def cpu_info() -> DeviceInfo:
+    """This machine's CPU as a device (where a bench on CPU processes ran, GPU or not here)."""
+    build = torch_build()
+    return _cpu_info(build["__version__"] if build else None, ["measured on the CPU (its processes ran there)"])
+
+
 def probe() -> DeviceInfo:
     """This machine as torch sees it (``probe_with_torch``); a CPU build of torch is not imported for
     it (module docstring) when the answer is the same without (``answers_without_torch``)."""
@@ -199,8 +205,20 @@ def default_device():
     import torch
 
     if torch.cuda.is_available():
-        return torch.device("cuda", local_rank() % torch.cuda.device_count())
+        return torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count()))
     return torch.device("cpu")
+
+
+def gpu_index(local: int, gpus: int) -> int:
+    """The GPU of local rank ``local`` on a node with ``gpus`` visible GPUs: the same index. More ranks
+    than GPUs is refused: ranks that share one GPU each report that GPU's figures as their own
+    (throughput, memory, MFU), and each measures the others' load too."""
+    if local >= gpus:
+        raise RuntimeError(f"local rank {local} has no GPU of its own: this node shows {gpus} GPU(s) "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at most "
+                           f"{gpus} process(es) per node (torchrun --nproc-per-node {gpus}, srun --ntasks-per-node "
+                           f"{gpus}), or run on the CPU with --device cpu")
+    return local
 
 
 def on_device(device):

@@ -149,6 +149,40 @@ def peak_tflops(name: str | None, dtype: str = "bf16") -> float | None:
     return chip.peak_tflops(dtype) if chip else None
 
 
+def fp32_compute_dtype(matmul_precision: str = "highest", conv_tf32: bool = False,
+                       has_conv: bool = False) -> str:
+    """The tensor-core precision an fp32 workload really runs its matmuls / convolutions in on an
+    NVIDIA GPU, hence the peak its MFU must be stated against (``Chip.peak_tflops`` of the answer).
+
+    - ``torch.set_float32_matmul_precision``: ``"highest"`` keeps plain fp32 (CUDA cores);
+      ``"high"`` lets matmuls use TF32 tensor cores; ``"medium"`` lets them use bf16 internally where
+      a kernel exists (else TF32): its peak is the bf16 one, the largest a matmul may then reach.
+    - cuDNN convolutions: ``torch.backends.cudnn.allow_tf32`` is True by default, so an fp32 CNN runs
+      its convolutions in TF32 unless it is switched off (``conv_tf32``, ``has_conv``).
+
+    Against the CUDA-core fp32 peak such a run would read up to ~7x too high an MFU (H100 SXM: TF32
+    494.5 vs FP32 67 TFLOP/s) and pass; against the peak of the precision allowed it reads true.
+    """
+    if matmul_precision == "medium":
+        return "bf16"
+    if matmul_precision == "high" or (conv_tf32 and has_conv):
+        return "tf32"
+    return "fp32"
+
+
+def torch_fp32_precision(model=None) -> dict:
+    """What this process lets fp32 matmuls and convolutions use (torch imported here): the matmul
+    precision setting, cuDNN's TF32 switch, whether ``model`` has convolutions, and the resulting
+    ``peak_dtype`` (``fp32_compute_dtype``). Recorded with every fp32 matmul figure."""
+    import torch
+
+    has_conv = model is not None and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    prec = torch.get_float32_matmul_precision()
+    conv = bool(torch.backends.cudnn.allow_tf32)
+    return {"float32_matmul_precision": prec, "cudnn_allow_tf32": conv, "has_conv": has_conv,
+            "peak_dtype": fp32_compute_dtype(prec, conv, has_conv)}
+
+
 def table():
     """The table as a pandas DataFrame (imported lazily: this module stays import-light)."""
     import pandas as pd

@@ -32,6 +32,11 @@ class Method:
     name: str
     version: int
     required: tuple[str, ...] = ()
+    # Where the measuring function runs (``ran_on``): "device" the device it is given (the chapter's
+    # GPU, else the CPU); "cpu" CPU processes whatever the machine holds (gloo ranks, a training loop
+    # kept on the CPU); "ranks" torchrun ranks, on GPUs with NCCL where the node has one per rank,
+    # else on the CPU over gloo: the results' ``backend`` (or ``device_kind``) says which.
+    runs_on: str = "device"
 
     def check(self, record: dict, device: dict | None = None) -> list[str]:
         """Why ``record`` cannot be used as this method's measurement (empty list: it fits).
@@ -56,8 +61,62 @@ class Method:
         return problems
 
     def record(self, params: dict, results: dict, device: dict | None = None) -> dict:
-        """A versioned record of this method (``make_record``)."""
-        return make_record(self.name, self.version, params, results, device)
+        """A versioned record of this method (``make_record``). ``device`` is the machine it was
+        measured on (what ``check`` matches against the profile's GPU); ``ran_on`` says where the bench
+        really ran on it: a bench on gloo ranks of a GPU machine ran on its CPU, and says so."""
+        if device is None:
+            from preflight.device import probe
+
+            device = probe().as_dict()
+        return make_record(self.name, self.version, params, results, device, ran_on(self, results, device))
+
+
+def ran_on(method: Method, results: dict, machine: dict) -> dict:
+    """Where a measurement really ran, from the method's ``runs_on`` and its results, on ``machine``
+    (``DeviceInfo.as_dict()`` of the machine the chapter runs on): ``{"kind": "cuda" | "cpu",
+    "backend": "nccl" | "gloo" | None, "basis": how this was told, "label": for messages}``. A bench
+    on the CPU of a GPU machine (gloo ranks with one GPU) ran on the CPU, and its record must say so:
+    its figures are CPU figures, never the GPU's reference data (``tools/device/keep_reference.py``)."""
+    where = _where(method, results, machine)
+    if where["kind"] == machine.get("kind"):
+        where["label"] = machine.get("label") or machine.get("name") or where["kind"]
+    else:
+        from preflight.device import cpu_info
+
+        where["label"] = (f"{cpu_info().name} (CPU{', ' + where['backend'] if where['backend'] else ''}) "
+                          f"of a {machine.get('name', '?')} machine")
+    return where
+
+
+def _where(method: Method, results: dict, machine: dict) -> dict:
+    backend, kind = _backend_of(results)
+    if backend in ("nccl", "rccl"):
+        return {"kind": "cuda", "backend": backend, "basis": "the run's process group backend"}
+    if backend in ("gloo", "mpi"):
+        return {"kind": "cpu", "backend": backend, "basis": "the run's process group backend"}
+    if kind in ("cuda", "cpu"):
+        return {"kind": kind, "backend": None, "basis": "the device its ranks ran on (results)"}
+    if method.runs_on == "cpu":
+        return {"kind": "cpu", "backend": None, "basis": f"method {method.name} runs on the CPU"}
+    if method.runs_on == "ranks":
+        return {"kind": "cpu", "backend": None,
+                "basis": f"method {method.name} recorded no backend: taken as CPU ranks, not a GPU figure"}
+    dev = results.get("device") if isinstance(results.get("device"), str) else None
+    if dev is not None:
+        return {"kind": "cuda" if dev.startswith("cuda") else "cpu", "backend": None,
+                "basis": f"the device it was given ({dev})"}
+    return {"kind": machine.get("kind") or "cpu", "backend": None, "basis": "the chapter's device"}
+
+
+def _backend_of(results: dict) -> tuple[str | None, str | None]:
+    """(backend, device kind) named in ``results`` or its first row, else Nones."""
+    rows = results.get("rows") if isinstance(results.get("rows"), list) else []
+    for obj in [results] + [r for r in rows[:1] if isinstance(r, dict)]:
+        backend = obj.get("backend")
+        kind = obj.get("device_kind") or obj.get("ranks on")
+        if backend or kind in ("cuda", "cpu"):
+            return backend, kind
+    return None, None
 
 
 def _has(obj, dotted: str) -> bool:
@@ -111,7 +170,7 @@ def _version(dist: str) -> str | None:
 
 
 def make_record(method: str, method_version: int, params: dict, results: dict,
-                device: dict | None = None) -> dict:
+                device: dict | None = None, where: dict | None = None) -> dict:
     if device is None:
         from preflight.device import probe
 
@@ -122,6 +181,8 @@ def make_record(method: str, method_version: int, params: dict, results: dict,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "device": device,
+        "ran_on": where or {"kind": device.get("kind"), "backend": None, "basis": "the device given",
+                            "label": device.get("label")},
         "versions": versions(),
         "argv": sys.argv,
         "params": params,

@@ -54,7 +54,7 @@ from preflight.models.alphabeta import fit_alpha_beta
 from preflight.models.comm import busbw_factor, ring_allreduce_time
 from preflight.records import Method
 
-METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"))
+METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"), runs_on="ranks")
 DTYPES = {"float32": 4, "bfloat16": 2}
 MAX_BYTES_LIMIT = 4 * 1024**3
 QUICK_MAX_BYTES = 16 * 1024**2

@@ -209,7 +209,9 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
     tokens = cfg.batch * cfg.seq_len
     cats = category_table(ops) if ops is not None else None
     name = device_name(dev) if gpu else None
-    peak = hardware.peak_tflops(name, cfg.dtype)
+    precision = hardware.torch_fp32_precision(model) if cfg.dtype == "fp32" else None
+    peak_dtype = precision["peak_dtype"] if precision else cfg.dtype      # TF32 allowed: the TF32 peak
+    peak = hardware.peak_tflops(name, peak_dtype)
     achieved = flops["formula_per_step"] / step_s
     est = sum(tb.values())
     mb_share = float(cats.set_index("category").loc["memory_bound", "share"]) if cats is not None else None
@@ -233,10 +235,12 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
         "top_ops": ops.head(15).to_dict("records") if ops is not None else None,
         "profile": prof_info,
         "flops": flops,
-        "mfu": {"achieved_tflops": achieved / 1e12, "flops_basis": "formula_per_step / median step time",
+        "mfu": {"achieved_tflops": achieved / 1e12,
+                "flops_basis": "formula_per_step / step time (" + ("mean of free-running steps" if gpu else "median step") + ")",
+                "dtype": cfg.dtype, "precision": precision, "peak_dtype": peak_dtype,
                 "datasheet_peak_tflops": peak, "mfu_datasheet": mfu(achieved, peak),
-                "peak_note": (f"{hardware.lookup(name).source}, dense {cfg.dtype}" if peak else
-                              f"unknown peak: {name or 'the CPU'} has no {cfg.dtype} entry in preflight.hardware"),
+                "peak_note": (f"{hardware.lookup(name).source}, dense {peak_dtype}" if peak else
+                              f"unknown peak: {name or 'the CPU'} has no {peak_dtype} entry in preflight.hardware"),
                 "measured_ceiling_tflops": ceiling["tflops"], "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"]),
                 "ceiling": ceiling},
         "memory": {

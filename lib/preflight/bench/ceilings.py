@@ -69,13 +69,17 @@ def matmul_rate(device, dtype=None, n: int | None = None) -> dict:
                     repeats=20 if gpu else 5, min_time_s=0.5 if gpu else 0.2)
         a = b = c = None               # free the device memory now (not del: the lambda holds the names)
     flop = 2.0 * n ** 3
-    peak = hardware.peak_tflops(device_name(dev), name) if gpu else None
+    # fp32 on a GPU may use TF32 (or bf16) tensor cores: say which precision was allowed, and take
+    # the datasheet peak of that precision (hardware.fp32_compute_dtype).
+    precision = hardware.torch_fp32_precision() if name == "fp32" else None
+    peak_dtype = precision["peak_dtype"] if precision else name
+    peak = hardware.peak_tflops(device_name(dev), peak_dtype) if gpu else None
     tflops = flop / t.median_s / 1e12
     return {
         "device": str(dev), "dtype": name, "n": n, "flop": flop, **t.as_dict(),
         "tflops": tflops,
-        # fp32 on a GPU may silently use TF32 tensor cores: say which precision ran.
-        "fp32_matmul_precision": torch.get_float32_matmul_precision() if name == "fp32" else None,
+        "fp32_matmul_precision": precision["float32_matmul_precision"] if precision else None,
+        "precision": precision, "peak_dtype": peak_dtype,
         "datasheet_peak_tflops": peak,
         "fraction_of_peak": tflops / peak if peak else None,
     }

@@ -76,7 +76,7 @@ from preflight.records import Method
 __all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "QUICK_MB", "main",
            "measure_stall", "mlp_for", "state_bytes", "summary"]
 
-METHOD = Method("ckptstall", 1, required=("rows", "config"))
+METHOD = Method("ckptstall", 1, required=("rows", "config"), runs_on="cpu")
 QUICK_MB, FULL_MB = 20.0, 200.0
 BASELINE_STEPS = 5           # plain training steps timed per round
 

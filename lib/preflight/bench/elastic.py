@@ -57,11 +57,11 @@ from preflight.bench.launch import first_slurm_host, free_port, run_torchrun
 from preflight.records import Method
 
 METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s",
-                                        "time_to_regain_s", "final_loss_equal", "wall_s"))
+                                        "time_to_regain_s", "final_loss_equal", "wall_s"), runs_on="cpu")
 SHRINK = Method("elastic_shrink", 1, required=(
     "launcher", "world_before", "world_after", "killed_after_step", "resumed_from", "steps_lost", "recovery_s",
     "samples_lost", "samples_repeated", "same_order_as_uninterrupted", "before_change_equal",
-    "after_change_equal", "wall_s"))
+    "after_change_equal", "wall_s"), runs_on="cpu")
 TIMEOUT_S = 300
 # The shrink's rendezvous settings: 2 s for latecomers once the minimum (1 node) is there; a node is
 # declared dead after keep_alive_max_attempt missed heartbeats, keep_alive_interval s apart (torch's

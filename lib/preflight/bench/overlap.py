@@ -49,7 +49,7 @@ from preflight.bench import exit_worker
 from preflight.bench.emulated import emulated_block
 from preflight.records import Method
 
-METHOD = Method("overlap", 1, required=("mode", "label", "rows", "world_size"))
+METHOD = Method("overlap", 1, required=("mode", "label", "rows", "world_size"), runs_on="ranks")
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
            "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd", "ddp_no_sync_k4")
 NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "fp16 gradients",

@@ -23,7 +23,7 @@ from preflight.bench.stages import HETERO_NAMES, check_partition, layer_times, s
 from preflight.records import Method
 
 METHOD = Method("partition", 1, required=("p", "m", "layers", "by_count", "by_time", "predicted_gain",
-                                          "measured_gain", "throughput_count", "throughput_time", "ranks"))
+                                          "measured_gain", "throughput_count", "throughput_time", "ranks"), runs_on="ranks")
 
 
 def run_partition(boundaries, p: int = 2, schedule: str = "1f1b", m: int = 4, quick: bool = False,

@@ -38,8 +38,8 @@ from preflight.records import Method
 from preflight.timing import synchronize
 
 # One run (the torchrun worker) and the bubble measurement chapter 4 makes of such runs.
-METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"))
-BUBBLES = Method("pipeline_bubble", 1, required=("rows",))
+METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"), runs_on="ranks")
+BUBBLES = Method("pipeline_bubble", 1, required=("rows",), runs_on="ranks")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")     # zb-h1: ScheduleInterleavedZeroBubble, 1 stage per rank
 WARMUP_STEPS = 2
 

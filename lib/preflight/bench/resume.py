@@ -29,7 +29,7 @@ from pathlib import Path
 from preflight.records import Method
 
 METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows",
-                                      "curves"))
+                                      "curves"), runs_on="cpu")
 TIMEOUT_S = 300
 
 

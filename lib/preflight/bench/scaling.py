@@ -39,7 +39,7 @@ from preflight.bench import exit_worker
 from preflight.bench.launch import init_distributed, max_processes, run_torchrun, torchrun_cmd
 from preflight.records import Method
 
-METHOD = Method("scaling", 1, required=("world_size", "step_s", "samples_per_s"))
+METHOD = Method("scaling", 1, required=("world_size", "step_s", "samples_per_s"), runs_on="ranks")
 WARMUP_STEPS = 3
 
 

@@ -163,7 +163,8 @@ def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
     tokens = wl.tokens_per_sample
     cats = category_table(ops) if ops is not None else None
     name = device_name(dev) if gpu else None
-    peak = hardware.peak_tflops(name, "fp32")
+    precision = hardware.torch_fp32_precision(wl.model)   # TF32 matmuls / cuDNN convolutions: that peak
+    peak = hardware.peak_tflops(name, precision["peak_dtype"])
     achieved = flops["counted_per_step"] / step_s
     lower_bound = mem["model_states"] + mem["buffers"] + mem["saved_activations"]
     return {
@@ -186,9 +187,13 @@ def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
         "profile": {"available": ops is not None, "reason": prof_reason, "steps": prof_steps},
         "flops": flops,
         "mfu": {"achieved_tflops": achieved / 1e12, "flops_basis": "FlopCounterMode count of one step / median step",
-                "dtype": "fp32", "datasheet_peak_tflops": peak, "mfu_datasheet": mfu(achieved, peak),
-                "peak_note": (f"{hardware.lookup(name).source}, dense fp32" if peak else
-                              f"unknown peak: {name or 'the CPU'} has no fp32 entry in preflight.hardware"),
+                "dtype": "fp32", "precision": precision, "peak_dtype": precision["peak_dtype"],
+                "datasheet_peak_tflops": peak, "mfu_datasheet": mfu(achieved, peak),
+                "peak_note": (f"{hardware.lookup(name).source}, dense {precision['peak_dtype']} (fp32 workload; "
+                              f"matmul precision {precision['float32_matmul_precision']!r}, cuDNN TF32 "
+                              f"{'on' if precision['cudnn_allow_tf32'] else 'off'})" if peak else
+                              f"unknown peak: {name or 'the CPU'} has no {precision['peak_dtype']} entry in "
+                              "preflight.hardware"),
                 "measured_ceiling_tflops": ceiling["tflops"], "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"])},
         "memory": {"peak_GB": (peak_alloc if gpu else lower_bound) / 1e9, "is_lower_bound": not gpu,
                    "method": ("torch.cuda.max_memory_allocated over the timed steps" if gpu else
@@ -258,6 +263,7 @@ def flops_table(results: dict):
         rows += [("FLOPs per sample, 6N + 12Lhs", f"{f['formula_per_sample']:.4g}"),
                  ("counted / formula", f"{f['ratio_counted_to_formula']:.3f}")]
     rows += [("achieved TFLOP/s (counted FLOPs)", f"{m['achieved_tflops']:.4g}"),
-             ("MFU vs datasheet (fp32)", f"{m['mfu_datasheet']:.1%}" if m["mfu_datasheet"] is not None else m["peak_note"]),
+             (f"MFU vs datasheet ({m.get('peak_dtype', 'fp32')})",
+              f"{m['mfu_datasheet']:.1%}" if m["mfu_datasheet"] is not None else m["peak_note"]),
              ("MFU vs measured fp32 matmul ceiling", f"{m['mfu_measured_ceiling']:.1%}")]
     return pd.DataFrame(rows, columns=["quantity", "value"])

@@ -52,7 +52,7 @@ from preflight.records import Method
 
 # version 2: results["mode"] is "real" or "emulated" (rows without a loss); version 1 was real only
 METHOD = Method("workload_overlap", 2, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
-                                                 "buckets"))
+                                                 "buckets"), runs_on="ranks")
 MODES = ("real", "emulated")
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
            "ddp_fp16_hook", "ddp_bf16_hook", "ddp_no_sync_k4")

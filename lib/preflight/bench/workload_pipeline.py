@@ -31,7 +31,7 @@ from preflight.bench import exit_worker
 from preflight.records import Method
 
 METHOD = Method("workload_partition", 1, required=("workload", "p", "blocks", "by_count", "by_time",
-                                                   "predicted_gain", "in_sequence", "measured_gain"))
+                                                   "predicted_gain", "in_sequence", "measured_gain"), runs_on="ranks")
 WARMUP_STEPS = 2
 
 

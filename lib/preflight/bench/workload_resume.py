@@ -46,8 +46,8 @@ from pathlib import Path
 from preflight.records import Method
 
 METHOD = Method("workload_resume", 1, required=("workload", "killed_after_step", "checkpoint_step", "steps_lost",
-                                                "resume_bitwise", "first_divergent_step", "missing_state", "rows"))
-STALL = Method("workload_ckptstall", 1, required=("workload", "rows", "config"))
+                                                "resume_bitwise", "first_divergent_step", "missing_state", "rows"), runs_on="cpu")
+STALL = Method("workload_ckptstall", 1, required=("workload", "rows", "config"), runs_on="cpu")
 PARTS = ("rng", "optimizer", "data")          # what a broken resume may leave out (full mode)
 
 
