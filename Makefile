@@ -15,7 +15,7 @@ WHEELHOUSE ?= wheelhouse
 # Extra pip options, e.g. offline: PIP_OPTS="--no-index --find-links wheelhouse"
 PIP_OPTS ?=
 
-.PHONY: setup setup-keep-torch bytecode report plan test lint lab wheelhouse clean
+.PHONY: setup setup-keep-torch bytecode report plan test test-fast lint lab wheelhouse clean
 
 # Installed once; re-run only when pyproject.toml changes. A venv marked .keep-torch (make
 # setup-keep-torch) keeps its own torch: every other pin, then the package without dependencies.
@@ -84,6 +84,14 @@ test: setup
 	fi
 	$(VENV)/bin/ruff check lib tests tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+## The unit tier, for the people changing the code (under 5 minutes on 2 cores): formulas, schema,
+## profiles, plan-only CLI paths and audits, the toolkit, the report from fixtures. Not: tests marked
+## slow (live measurements, measure-mode audits, torchrun runs), browser (Chromium), slurm, gpu.
+## `make test` runs everything, these included; CI runs `make test`.
+test-fast: setup
+	$(VENV)/bin/ruff check lib tests tools
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not browser and not slurm and not gpu" $(PYTEST_ARGS)
 
 ## The linter alone (make test runs it first): pyflakes, pycodestyle, import order, bugbear, pyupgrade.
 lint: setup

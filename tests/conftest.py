@@ -27,8 +27,8 @@ def example_with(**changes) -> dict:
 def plan_findings(add_plan_findings, **changes):
     """A chapter's ``add_plan_findings(sink, profile)`` on the example profile with ``changes``
     (validated like a user's profile); returns what it returned and the findings by id."""
-    from preflight.findings import FindingSink
-    from preflight.profile import parse_profile
+    from preflight.core.findings import FindingSink
+    from preflight.core.profile import parse_profile
 
     sink = FindingSink()
     out = add_plan_findings(sink, parse_profile(example_with(**changes)))
@@ -98,13 +98,13 @@ def records_of_this_machine(tmp_path: Path) -> tuple[Path, Path]:
     """tests/data/cpu_records (a real quick run on another 2-core CPU box) copied under ``tmp_path``
     with each record's device set to this machine's, and the example profile with ``gpu: auto``:
     the pair an audit accepts (a record must come from the device the profile describes; see
-    ``preflight.records.device_mismatch``). Returns (results folder, profile path)."""
+    ``preflight.core.records.device_mismatch``). Returns (results folder, profile path)."""
     import json
     import shutil
 
     import yaml
 
-    from preflight.device import probe
+    from preflight.core.device import probe
 
     results = tmp_path / "cpu_records"
     shutil.copytree(CPU_RECORDS, results)

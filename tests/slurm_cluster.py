@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.bench.launch import free_ports
+from preflight.harness.launch import free_ports
 
 SKIP_REASON = ("Slurm tests need root and Debian's slurmctld slurmd slurm-client munge: run `make test` "
                "as root (it installs them) or apt-get install them")

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from conftest import EXAMPLE, cli_cpu_seconds, example_with, run_cli
-from preflight import advisor
+from preflight.chapters import advisor
+from preflight.core.profile import load_profile, parse_profile
 from preflight.models import throughput as T
-from preflight.profile import load_profile, parse_profile
 
 H100 = T.Cluster(peak_tflops=989.5, gpus_per_node=8, intra_node_GBps=450, inter_node_Gbps=200, nics_per_node=8)
 SHAPE = dict(params=7e9, layers=32, hidden=4096, seq_len=4096)
@@ -179,7 +179,7 @@ def test_mfu_from_refuses_what_it_cannot_use(tmp_path, case, words):
 
 def test_efficiency_gap_names_the_direction_and_the_factor():
     # ranked at 50 % while the step implies 25 %: compute times twice too short; the other way, too long
-    from preflight.advisor import efficiency_gap
+    from preflight.chapters.advisor import efficiency_gap
 
     assert "2x too short" in efficiency_gap(0.25, 0.50) and "--efficiency 0.25" in efficiency_gap(0.25, 0.50)
     assert "2x too long" in efficiency_gap(0.60, 0.30)

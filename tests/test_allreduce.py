@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from preflight.bench import allreduce
-from preflight.bench.launch import max_processes
+from preflight.core.records import make_record
+from preflight.harness.launch import max_processes
 from preflight.models.alphabeta import fit_alpha_beta, fit_error_by_size
 from preflight.models.comm import busbw_factor, ring_allreduce_time
-from preflight.records import make_record
 
 SIZES = [4096 * 4**k for k in range(9)]          # 4 KB .. 256 MB
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight import hardware
+from preflight.core import hardware
 from preflight.models import comm
 
 FIELD = dict(gpus_per_node=8, intra_node_GBps=450.0, inter_node_Gbps=200.0, compute_s=0.8, serial_s=0.09)
@@ -90,7 +90,7 @@ def test_tp2_spans_nodes_with_four_ranks_per_node():
                                           (2, 8, 1, 8), (64, 4, 2, 8), (3, 1, 1, 4), (6, 2, 2, 4)])
 def test_placement_agrees_with_the_topology_rank_order(dp, tp, pp, gpn):
     """``dp_placement`` (closed form) against ``topology.rank_groups`` (rank by rank)."""
-    from preflight import topology
+    from preflight.diagnose import topology
 
     df = topology.rank_groups(dp * tp * pp, gpn, tp, pp)
     g0 = df[df["dp_group"] == 0]
@@ -188,8 +188,8 @@ def test_every_caller_reads_the_one_plan():
     from conftest import EXAMPLE
     from preflight.chapters import communication as C
     from preflight.chapters import exercises as X
+    from preflight.core.profile import load_profile
     from preflight.models.extrapolate import scaling_curve
-    from preflight.profile import load_profile
 
     prof = load_profile(EXAMPLE)
     p = plan()                                       # the example profile is the field case

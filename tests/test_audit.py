@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import EXAMPLE, REPO, example_with, records_of_this_machine, run_cli
-from preflight.report import external_refs
+from preflight.reporting.report import external_refs
 
 CH1_IDS = {"baseline/throughput", "baseline/peak_memory", "baseline/mfu", "baseline/memory_bound_share",
            "baseline/fusion_speedup", "baseline/amdahl_max_speedup", "baseline/amdahl_speedup_at_target",
@@ -87,7 +87,7 @@ def test_plan_only_audit(tmp_path):
     assert f"report: {out / 'index.html'}" in r.stdout
     s = _summary(out)
     assert s["mode"] == "plan-only" and s["project"] == "llm-7b-pretrain"
-    # plan-only must stay fast: its chapters run in the audit's own process, no kernel (preflight.inprocess).
+    # plan-only must stay fast: its chapters run in the audit's own process, no kernel (preflight.runner.inprocess).
     # Wall time is no guard on a shared machine; the work is, in CPU seconds (12 s with a CPU hog and the
     # test suite on the 2 cores; ~51 s when each chapter started a kernel). 30 s: well above the first,
     # well below the second.
@@ -140,8 +140,8 @@ def test_plan_only_audit(tmp_path):
     _assert_offline(out)
 
 
-_RUN = ("import sys; from pathlib import Path; from preflight.audit import discover, run_audit; "
-        "from preflight.profile import load_profile; p = Path(sys.argv[1]); "
+_RUN = ("import sys; from pathlib import Path; from preflight.runner.audit import discover, run_audit; "
+        "from preflight.core.profile import load_profile; p = Path(sys.argv[1]); "
         "run_audit(load_profile(p), p, Path(sys.argv[2]), chapters=sorted(discover()), plan_only=True, "
         "executor=sys.argv[3], log=lambda *a, **k: None)")
 
@@ -157,8 +157,9 @@ def _kinds(outputs) -> list[str]:
     return kinds
 
 
+@pytest.mark.slow
 def test_in_process_plan_only_matches_the_kernels(tmp_path):
-    """A plan-only audit runs the notebooks' cells in its own process (preflight.inprocess), not in a
+    """A plan-only audit runs the notebooks' cells in its own process (preflight.runner.inprocess), not in a
     kernel per chapter: the same audit through papermill's kernels gives the same findings, the same
     charts byte for byte, and the same kinds of output cell by cell."""
     import subprocess
@@ -188,9 +189,9 @@ def test_in_process_plan_only_matches_the_kernels(tmp_path):
 def test_in_process_executor_is_refused_where_it_cannot_hold(tmp_path, monkeypatch):
     """``executor="inprocess"`` runs plan-only audits: asked to measure, or inside an IPython session,
     it is refused with the field and what is accepted, before anything is written."""
-    from preflight import inprocess
-    from preflight.audit import AuditInputError, discover, run_audit
-    from preflight.profile import load_profile
+    from preflight.core.profile import load_profile
+    from preflight.runner import inprocess
+    from preflight.runner.audit import AuditInputError, discover, run_audit
 
     prof = load_profile(EXAMPLE)
     assert prof.measure                                 # the example measures unless plan_only
@@ -206,7 +207,7 @@ def test_plan_only_audit_never_imports_torch(tmp_path):
     """Issue 18: formulas need no torch. The plan-only audit's chapters import the bench modules for
     their methods and result readers only (torch is imported inside the functions that measure), and
     the machine is probed from a CPU build's build file (device.probe), or in a child process
-    (preflight.device.BackgroundProbe) while they run for any other build."""
+    (preflight.core.device.BackgroundProbe) while they run for any other build."""
     import subprocess
     import sys
 
@@ -227,7 +228,7 @@ def test_a_chart_that_fails_to_render_fails_its_chapter_only():
 
     import nbformat
 
-    from preflight import inprocess
+    from preflight.runner import inprocess
 
     ok, bad = Future(), Future()
     ok.set_result("<svg/>")
@@ -314,7 +315,7 @@ def test_profile_strings_are_escaped(tmp_path):
 
 
 def test_recorded_scaling_points_are_used(tmp_path):
-    from preflight.records import make_record, save_record
+    from preflight.core.records import make_record, save_record
 
     prof = _write_profile(tmp_path, cluster__nodes=8)           # 64 GPUs
     res = tmp_path / "results"
@@ -349,6 +350,7 @@ def test_failing_chapter_still_yields_the_rest(tmp_path):
     assert "deliberate failure" in index and "Broken chapter" in index
 
 
+@pytest.mark.slow
 def test_recorded_results_replace_live_measurement(tmp_path):
     out = tmp_path / "o"
     results, profile = records_of_this_machine(tmp_path)
@@ -367,6 +369,7 @@ def test_recorded_results_replace_live_measurement(tmp_path):
     assert not list(out.glob("records/**/*.json")), "nothing should have been measured again"
 
 
+@pytest.mark.slow
 def test_relative_results_path_and_no_stale_charts(tmp_path):
     """A relative --results is taken from the caller's folder (the notebooks run in playbook/);
     a later plan-only run into the same folder leaves no chart of the measured run behind."""
@@ -383,6 +386,7 @@ def test_relative_results_path_and_no_stale_charts(tmp_path):
     assert (tmp_path / "o" / "charts" / "baseline--amdahl.svg").exists()
 
 
+@pytest.mark.slow
 def test_cell_timeout_marks_the_chapter_error(tmp_path):
     book = tmp_path / "playbook"
     _one_cell_playbook(book, "01_slow.ipynb", "Slow chapter", "import time\ntime.sleep(60)")
@@ -408,8 +412,8 @@ def test_an_audit_in_this_process_leaves_its_main_module(tmp_path):
     import multiprocessing
     import sys
 
-    from preflight.audit import run_audit
-    from preflight.profile import load_profile
+    from preflight.core.profile import load_profile
+    from preflight.runner.audit import run_audit
 
     host_main = sys.modules["__main__"]
     summary = run_audit(load_profile(EXAMPLE), EXAMPLE, tmp_path / "r", chapters=[2], plan_only=True,

@@ -24,8 +24,8 @@ from preflight.chapters import data_pipeline as DP
 from preflight.chapters import fault_tolerance as FT
 from preflight.chapters import load_balance as LB
 from preflight.chapters import memory_plan as MP
-from preflight.findings import FindingSink
-from preflight.profile import Profile, parse_profile
+from preflight.core.findings import FindingSink
+from preflight.core.profile import Profile, parse_profile
 
 BASE = yaml.safe_load(EXAMPLE.read_text())
 TRIED: set[str] = set()
@@ -125,6 +125,7 @@ def check_findings(d: dict) -> None:
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(valid_profiles())
+@pytest.mark.slow
 def test_extreme_valid_profiles_give_finite_findings(d):
     check_findings(d)
 
@@ -291,7 +292,7 @@ def test_ctrl_c_turns_logging_off_for_nbclients_cleanup():
     back on when it has cleaned up (audit.run_audit's finally)."""
     import logging
 
-    from preflight import kernels
+    from preflight.runner import kernels
 
     previous = kernels.trap_sigint([])
     try:
@@ -310,8 +311,8 @@ def test_an_audit_stopped_by_ctrl_c_turns_logging_back_on(monkeypatch, tmp_path)
     what kernels.trap_sigint turned off)."""
     import logging
 
-    from preflight import audit
-    from preflight.profile import load_profile
+    from preflight.core.profile import load_profile
+    from preflight.runner import audit
 
     def interrupted(*args, **kwargs):
         signal.raise_signal(signal.SIGINT)      # the audit's own Ctrl-C handler: logging off, KeyboardInterrupt

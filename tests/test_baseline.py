@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from preflight.bench import baseline as bl
-from preflight.bench import categories as cat
-from preflight.bench import reference as ref
-from preflight.records import load_records, make_record, save_record
+from preflight.core.records import load_records, make_record, save_record
+from preflight.harness import categories as cat
+from preflight.harness import reference as ref
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CPU_S = {}          # CPU seconds each fixture's measurement used (test_runtimes)

@@ -37,7 +37,7 @@ from browser_helpers import (
 from conftest import records_of_this_machine, run_cli
 from preflight.chapters.registry import CHAPTERS as REGISTRY
 
-pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 
 CHAPTERS = [c.stem for c in REGISTRY]          # 01_baseline, 02_data_pipeline, ...
 REDRAW_LIMIT_S = 1.0          # slider move -> new readout and new chart in the page, on an idle 2-core box
@@ -293,8 +293,8 @@ def _check_amdahl(page) -> Explorer:
 def _check_layouts(page) -> Explorer:
     """Chapter 1's layout advisor: it starts at advise()'s ranking; one step down in efficiency re-ranks
     with the same step model (advisor.at_efficiency), as computed here."""
-    from preflight import advisor
-    from preflight.profile import load_profile
+    from preflight.chapters import advisor
+    from preflight.core.profile import load_profile
 
     prof = load_profile(REPO / "data" / "profiles" / "example.yaml")
     result = advisor.advise(prof)
@@ -311,8 +311,8 @@ def _check_layouts(page) -> Explorer:
 
 def _check_memory(page) -> Explorer:
     from preflight.chapters.memory_plan import plan_of
+    from preflight.core.profile import load_profile
     from preflight.models import memory as M
-    from preflight.profile import load_profile
 
     plan = plan_of(load_profile(REPO / "data" / "profiles" / "example.yaml"))
     ex = Explorer(page, "Memory planner")
@@ -355,9 +355,9 @@ def _check_supply(page) -> Explorer:
 
 
 def _check_allreduce(page) -> Explorer:
-    from preflight.hardware import LINK_TIERS_GBps
+    from preflight.core.hardware import LINK_TIERS_GBps
+    from preflight.core.profile import load_profile
     from preflight.models import comm
-    from preflight.profile import load_profile
 
     prof = load_profile(REPO / "data" / "profiles" / "example.yaml")
     cl, tr = prof.cluster, prof.training

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from preflight import device
 from preflight.bench import ceilings
-from preflight.records import load_records
+from preflight.core import device
+from preflight.core.records import load_records
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -3,11 +3,11 @@ CPU) and on the profile, without running the notebook."""
 import pytest
 
 from conftest import EXAMPLE, REPO
-from preflight.chapter import Measured
 from preflight.chapters import baseline as B
-from preflight.findings import FindingSink
-from preflight.profile import load_profile, parse_profile
-from preflight.records import load_records
+from preflight.core.findings import FindingSink
+from preflight.core.profile import load_profile, parse_profile
+from preflight.core.records import load_records
+from preflight.runner.chapter import Measured
 
 RECORDS = REPO / "tests" / "data" / "cpu_records"
 
@@ -154,7 +154,7 @@ def test_curve_table_reads_as_percent_and_words():
 
 def test_messages_restate_speedups_as_the_value_column_shows_them():
     # one rounding per number: the message says 921x where the value column says 921x (not 920.6x)
-    from preflight.numfmt import fmt_value
+    from preflight.core.numfmt import fmt_value
 
     p = load_profile(EXAMPLE)
     sink = FindingSink()

@@ -3,8 +3,8 @@ import pytest
 
 from conftest import EXAMPLE
 from preflight.chapters import communication as C
-from preflight.findings import FindingSink
-from preflight.profile import load_profile
+from preflight.core.findings import FindingSink
+from preflight.core.profile import load_profile
 
 
 def test_field_case_56_GB_rail_aware_and_flat():
@@ -105,7 +105,7 @@ def _measured(name):
     import json
 
     from conftest import REPO
-    from preflight.chapter import Measured
+    from preflight.runner.chapter import Measured
     rec = json.loads((REPO / "tests" / "data" / "cpu_records" / f"{name}.json").read_text())
     return Measured(rec["results"], "recorded on test CPU", rec)
 
@@ -136,7 +136,7 @@ def test_overlap_table_units():
 
 
 def test_ratio_message_restates_the_value_as_shown():
-    from preflight.numfmt import fmt_value
+    from preflight.core.numfmt import fmt_value
 
     sink = FindingSink()
     C.add_plan_findings(sink, load_profile(EXAMPLE))

@@ -2,12 +2,12 @@
 import pytest
 
 from conftest import EXAMPLE, REPO
-from preflight.chapter import Measured
 from preflight.chapters import data_pipeline as C
-from preflight.findings import FindingSink
+from preflight.core.findings import FindingSink
+from preflight.core.profile import load_profile
+from preflight.core.records import load_records
 from preflight.models import data as M
-from preflight.profile import load_profile
-from preflight.records import load_records
+from preflight.runner.chapter import Measured
 
 RECORDS = REPO / "tests" / "data" / "cpu_records"
 

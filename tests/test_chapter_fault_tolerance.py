@@ -109,7 +109,7 @@ def test_rates_table_puts_both_rates_side_by_side():
     p, _ = _findings()
     t = C.rates_table(p).set_index("quantity")
     assert list(t.columns) == ["profile's rate", "Llama 3's rate"]
-    # numbers as preflight.numfmt writes them everywhere: the rate as the chart's legend, shares in %
+    # numbers as preflight.core.numfmt writes them everywhere: the rate as the chart's legend, shares in %
     assert t.loc["system MTBF"].tolist() == ["1,875 h", "49.5 h"]
     assert t.loc["optimal interval (Daly)"].tolist() == ["7.89 h", "76.4 min"]
     assert t.loc["per-node daily failure probability"].tolist() == ["1.0e-4", "3.8e-3"]

@@ -3,13 +3,13 @@ quick CPU run (tests/data/cpu_records)."""
 import pytest
 
 from conftest import EXAMPLE, REPO
-from preflight.chapter import Measured
 from preflight.chapters import load_balance as C
-from preflight.findings import FindingSink
+from preflight.core.findings import FindingSink
+from preflight.core.numfmt import fmt_value, percent
+from preflight.core.profile import load_profile
+from preflight.core.records import load_records
 from preflight.models import pipeline as P
-from preflight.numfmt import fmt_value, percent
-from preflight.profile import load_profile
-from preflight.records import load_records
+from preflight.runner.chapter import Measured
 
 
 def _measured(method):

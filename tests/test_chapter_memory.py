@@ -6,10 +6,10 @@ import pytest
 
 from conftest import EXAMPLE, plan_findings
 from preflight.chapters import memory_plan as MP
-from preflight.findings import FindingSink
+from preflight.core.findings import FindingSink
+from preflight.core.profile import load_profile
 from preflight.models import memory as M
 from preflight.models import states as S
-from preflight.profile import load_profile
 
 GiB = 2 ** 30
 
@@ -86,7 +86,7 @@ def test_a_plan_the_planner_cannot_split_is_reported_not_crashed():
 
 
 def test_validation_finding_from_a_recorded_measurement():
-    from preflight.chapter import Measured
+    from preflight.runner.chapter import Measured
 
     res = {"states": [{"term": "weights", "error": 0.0}, {"term": "gradients", "error": 0.0},
                       {"term": "optimizer", "error": 0.0}],
@@ -138,7 +138,7 @@ def test_auto_capacity_reads_the_device_in_decimal_gb():
     from types import SimpleNamespace
 
     from conftest import example_with
-    from preflight.profile import parse_profile
+    from preflight.core.profile import parse_profile
 
     prof = parse_profile(example_with(cluster__gpu="auto"))
     cap, src = MP.capacity_bytes(prof, SimpleNamespace(memory_GB=150.1, label="NVIDIA H200"))
@@ -150,8 +150,8 @@ def test_validation_finding_replays_the_recorded_attention_paths():
     the verdict on the largest per-layer error."""
     from conftest import CPU_RECORDS
     from preflight.bench import memory as bench_memory
-    from preflight.chapter import Measured
-    from preflight.records import load_records
+    from preflight.core.records import load_records
+    from preflight.runner.chapter import Measured
 
     [rec] = load_records(CPU_RECORDS, "memory")
     assert bench_memory.METHOD.check(rec) == []

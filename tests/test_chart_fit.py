@@ -22,7 +22,7 @@ import html
 import pytest
 
 from browser_helpers import browser, keep_artifact, skip_reason
-from preflight.report import scoped_svg
+from preflight.reporting.html import scoped_svg
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 

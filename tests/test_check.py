@@ -37,8 +37,8 @@ def test_readme_commands_run_as_written():
 
 
 def test_gate_levels_and_a_passing_plan(tmp_path):
-    from preflight import check
-    from preflight.profile import parse_profile
+    from preflight.core.profile import parse_profile
+    from preflight.runner import check
 
     f = check.plan_findings(parse_profile(example_with()), EXAMPLE)
     assert check.gate(f, None) == 0 and check.gate(f, "fail") == 1 and check.gate(f, "warn") == 1

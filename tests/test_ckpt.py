@@ -1,4 +1,4 @@
-"""Durable checkpoints (``preflight.ckpt``): the reliability targets.
+"""Durable checkpoints (``preflight.toolkit.ckpt``): the reliability targets.
 
 - SIGKILL at random instants of a training loop that checkpoints after every step (most kills land
   inside a save), and at every named stage of the protocol: after each kill the newest checkpoint
@@ -27,8 +27,9 @@ import pytest
 import torch
 from torch import nn
 
-from preflight import ckpt, fsutil
 from preflight.bench.corruption import HostilePickle
+from preflight.core import fsutil
+from preflight.toolkit import ckpt
 
 DIN, HID, BATCH, NBATCH = 256, 1024, 32, 8     # ~0.53 M parameters: 6.3 MB with AdamW's two moments
 STAGES = ("written", "manifest", "installed", "published", "pruned")
@@ -268,6 +269,7 @@ def _calibrate(tmp: Path) -> float:
     return per
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_instants_never_loses_the_checkpoint(tmp_path, reference):
     rng = random.Random(20260509)
     cycle = _calibrate(tmp_path / "calibrate")

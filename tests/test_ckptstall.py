@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.bench import ckptstall, ckptstate
+from preflight.bench import ckptstall
+from preflight.harness import ckptstate
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"method", "description", "stall_s", "stall_p10_s", "stall_p90_s", "stall_steps", "durable_s",

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from conftest import EXAMPLE, run_cli
-from preflight import compare
-from preflight.report import external_refs, load_findings
+from preflight.reporting import compare
+from preflight.reporting.report import external_refs, load_findings
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from preflight import device, records
-from preflight.findings import Finding, FindingSink, judge, read_findings, worst
-from preflight.timing import StepTimer, summarize, time_fn
+from preflight.core import device, records
+from preflight.core.findings import Finding, FindingSink, judge, read_findings, worst
+from preflight.core.timing import StepTimer, summarize, time_fn
 
 
 def test_judge_both_directions():
@@ -46,7 +46,7 @@ def test_sink_rewrites_file_and_replaces_ids(tmp_path):
 
 
 def test_sink_measured_gives_the_same_row_measured_or_not():
-    from preflight.chapter import Measured
+    from preflight.runner.chapter import Measured
 
     sink = FindingSink(None, "baseline")
     build = lambda r: dict(value=r["x"], verdict="pass", threshold="pass >= 1", message=f"x = {r['x']}", fix="keep")
@@ -121,10 +121,10 @@ def test_a_cpu_build_of_torch_is_probed_without_importing_it():
     """device.probe reads torch's build file; for a CPU build it answers without importing torch, and
     that answer is the one torch itself gives (probe_with_torch), versions included. Fails when the
     file is read wrongly (a field differs) or when probe imports torch anyway."""
-    code = ("import json, sys; from preflight import device, records; "
-            "fast = device.probe().as_dict(); v = records.versions(); imported = 'torch' in sys.modules; "
+    code = ("import json, sys; from preflight.core import device; "
+            "fast = device.probe().as_dict(); v = device.versions(); imported = 'torch' in sys.modules; "
             "slow = device.probe_with_torch().as_dict(); "
-            "import torch; v2 = records.versions(); "
+            "import torch; v2 = device.versions(); "
             "print(json.dumps([device.torch_build(), imported, fast, slow, v, v2]))")
     env = {k: v for k, v in os.environ.items() if k not in device.PINNING_VARIABLES}
     for pinned in (False, True):
@@ -189,7 +189,7 @@ def test_background_probe_answers_and_says_why_it_fell_back(capsys, monkeypatch)
 
 
 def test_charts_render_in_the_chart_process_not_here(monkeypatch, tmp_path):
-    """``charts.warm_up`` starts the chart process (preflight.chartproc) and ``render_later`` renders
+    """``charts.warm_up`` starts the chart process (preflight.reporting.chartproc) and ``render_later`` renders
     there: vl-convert holds the GIL while it renders, so a thread would stall the audit's cells. The
     SVG is the one rendered here, written to the path given; this process's vl-convert is never called
     (fails when rendering falls back to this process)."""
@@ -197,7 +197,7 @@ def test_charts_render_in_the_chart_process_not_here(monkeypatch, tmp_path):
     import pandas as pd
     import vl_convert as vlc
 
-    from preflight import chartproc, charts
+    from preflight.reporting import chartproc, charts
 
     chart = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_point().encode(x="x:Q")
     expected = charts.to_svg(chart)
@@ -237,7 +237,7 @@ def test_a_chart_no_one_waits_for_any_more_is_dropped(monkeypatch):
     import altair as alt
     import pandas as pd
 
-    from preflight import chartproc, charts
+    from preflight.reporting import chartproc, charts
 
     died = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
@@ -260,7 +260,7 @@ def test_a_chart_process_that_dies_or_cannot_start_leaves_the_charts_to_this_pro
     import altair as alt
     import pandas as pd
 
-    from preflight import chartproc, charts
+    from preflight.reporting import chartproc, charts
 
     spec = charts._spec(alt.Chart(pd.DataFrame({"x": [1, 2, 3]})).mark_line().encode(x="x:Q"))
     expected = chartproc.render_here(spec)

@@ -5,9 +5,9 @@ import pytest
 
 from conftest import EXAMPLE
 from preflight.chapters import data_pipeline as C
-from preflight.findings import FindingSink
+from preflight.core.findings import FindingSink
+from preflight.core.profile import load_profile
 from preflight.models import data as M
-from preflight.profile import load_profile
 
 
 def test_field_case_listing_is_over_an_hour_on_lustre_and_seconds_as_shards():

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from preflight.bench import datapipe, loadtune
-from preflight.bench import samples as S
+from preflight.harness import samples as S
 
 FILES = 400
 
@@ -101,7 +101,7 @@ def test_break_point_rates(dataset):
 
 
 def test_transform_gives_cropped_normalised_image(dataset):
-    from preflight import shards
+    from preflight.toolkit import shards
 
     s = next(iter(shards.shard_pipeline(dataset["shards"])))
     x, y = datapipe.transform(s)
@@ -121,7 +121,7 @@ def test_tuner_workers_beat_in_process_loading(dataset):
     mechanism: where each batch was prepared, and whether its preparation began before the loop asked."""
     import itertools
 
-    from preflight import loadmon
+    from preflight.toolkit import loadmon
 
     settings = [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False},
                 {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False}]

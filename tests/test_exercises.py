@@ -6,9 +6,9 @@ import pytest
 
 from conftest import EXAMPLE, REPO
 from preflight.chapters import exercises as X
+from preflight.chapters.predict import Exercise, check, feedback, grade
 from preflight.chapters.registry import CHAPTERS as REGISTRY
-from preflight.exercises import Exercise, check, feedback, grade
-from preflight.profile import load_profile
+from preflight.core.profile import load_profile
 
 CHAPTERS = {c.stem: getattr(X, c.name) for c in REGISTRY}       # 01_baseline: X.baseline, ...
 
@@ -39,7 +39,7 @@ def test_answer_hidden_until_predicted():
 
 def test_check_shows_one_clean_line(capsys, monkeypatch):
     """check() shows one line of feedback and returns None: the cell prints no raw dict after it."""
-    import preflight.exercises as E
+    import preflight.chapters.predict as E
 
     shown = []
     monkeypatch.setattr(E, "_show", shown.append)
@@ -101,7 +101,7 @@ def test_no_exercise_asks_what_its_chapter_shows(changes, tmp_path):
     from preflight.chapters import communication as CC
     from preflight.chapters import data_pipeline as CD
     from preflight.chapters import fault_tolerance as CF
-    from preflight.findings import FindingSink
+    from preflight.core.findings import FindingSink
     from preflight.models import pipeline as P
     from preflight.models import resilience as R
 

@@ -1,4 +1,4 @@
-"""The one atomic-write helper (``preflight.fsutil``): content replaced whole, no temporary file left
+"""The one atomic-write helper (``preflight.core.fsutil``): content replaced whole, no temporary file left
 behind on success or on an exception, the parent folder created, fsync actually called."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from preflight import fsutil
+from preflight.core import fsutil
 
 
 def _leftovers(folder):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from preflight.bench import fusion
-from preflight.records import load_records
+from preflight.core.records import load_records
 
 
 # ---------------------------------------------------------------------------- op_category (pure)

@@ -1,7 +1,7 @@
 """The chip table: driver names as real machines report them, and each row against its datasheet."""
 import pytest
 
-from preflight import hardware
+from preflight.core import hardware
 from preflight.models import flops
 
 # (name the driver reports, table key). Each is a string a real machine printed: nvidia-smi,

@@ -1,4 +1,4 @@
-"""The launch helpers every multi-process bench shares (``preflight.bench.launch``): who a rank is
+"""The launch helpers every multi-process bench shares (``preflight.harness.launch``): who a rank is
 under torchrun / srun / alone (pure functions of the environment), free ports, the torchrun command,
 and the runner that stops a whole process group on a timeout."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from preflight.bench import launch
+from preflight.harness import launch
 
 
 # ---------------------------------------------------------------------------- environment (pure)

@@ -9,16 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from preflight import loadmon
-from preflight.loadmon import (
-    COLUMNS,
-    LoaderMonitor,
-    Stamped,
-    bookkeeping_cost_s,
-    overhead,
-    stamped,
-    timed,
-)
+from preflight.toolkit import loadmon
+from preflight.toolkit.loadmon import COLUMNS, LoaderMonitor, Stamped, bookkeeping_cost_s, overhead, stamped, timed
 
 PREP_S = 0.002      # per-sample transform time
 BATCH = 8

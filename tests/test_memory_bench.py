@@ -1,4 +1,4 @@
-"""Live check of the memory planner (preflight.bench.memory, on the GPT of preflight.bench.gptref)
+"""Live check of the memory planner (preflight.bench.memory, on the GPT of preflight.harness.gptref)
 against what torch really holds.
 
 Attention paths (flash and math, GPT- and Llama-style layers): within 1 % per layer, and in fact the
@@ -21,10 +21,10 @@ import sys
 import pytest
 import torch
 
-from preflight.bench import gptref
 from preflight.bench import memory as mb
+from preflight.core.records import load_records
+from preflight.harness import gptref
 from preflight.models import memory as mm
-from preflight.records import load_records
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LAYER_TOL = 0.005
@@ -174,7 +174,7 @@ def test_gpu_peak_quick():
 def test_saved_tensors_counts_each_storage_once_and_leaves_model_state_out():
     """Two views of one buffer saved by two ops: one storage, its full size; the weight a matmul
     saves is model state and not counted; a bf16 copy of it (what autocast saves) is counted."""
-    from preflight.bench.savedtensors import SavedTensors, saver_ops
+    from preflight.harness.savedtensors import SavedTensors, saver_ops
 
     lin = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4, 16, requires_grad=True)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from preflight import hardware
+from preflight.core import hardware
 from preflight.models import comm, extrapolate, flops, scaling
 
 

@@ -1,10 +1,10 @@
-"""The shared number formatting (``preflight.numfmt``): what the report, the comparison, the charts
+"""The shared number formatting (``preflight.core.numfmt``): what the report, the comparison, the charts
 and the sliders print for a number."""
 from __future__ import annotations
 
 import pytest
 
-from preflight import numfmt as N
+from preflight.core import numfmt as N
 
 
 def test_sci_is_short():
@@ -77,10 +77,10 @@ def test_memory_in_binary_units_data_in_decimal():
 
 
 def test_tables_for_people():
-    """preflight.tables: every cell through numfmt, readable names, yes/no, short paths, badges."""
+    """preflight.reporting.tables: every cell through numfmt, readable names, yes/no, short paths, badges."""
     import pandas as pd
 
-    from preflight.tables import cell, frame_html, short_paths
+    from preflight.reporting.tables import cell, frame_html, short_paths
 
     html = frame_html(pd.DataFrame({
         "id": ["baseline/memory_per_gpu", "a/b"], "value": [2.4e11, float("nan")], "unit": ["bytes", "s"],
@@ -105,7 +105,7 @@ def test_changes_are_signed():
 
 
 def test_plural_counts_and_nouns():
-    from preflight.numfmt import plural
+    from preflight.core.numfmt import plural
 
     assert plural(1, "node") == "1 node" and plural(2048, "GPU") == "2,048 GPUs"
     assert plural(1, "micro-batch") == "1 micro-batch" and plural(4, "micro-batch") == "4 micro-batches"

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from preflight.bench.nvml import FIELDS, NvmlSampler
+from preflight.harness.nvml import FIELDS, NvmlSampler
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -36,7 +36,7 @@ def _bf16_worker(rank: int, world: int, init_file: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from preflight import hooks
+    from preflight.toolkit import hooks
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -114,6 +114,7 @@ def _rows(df):
     return {r["config"]: r for r in df.to_dict("records")}
 
 
+@pytest.mark.slow
 def test_emulated_overlap_shows(emulated):
     rec = emulated.attrs["record"]
     res = rec["results"]
@@ -156,6 +157,7 @@ def test_emulated_overlap_shows(emulated):
         assert math.isclose(rows[c]["saving_vs_no_overlap_s"], step["manual_allreduce"] - step[c])
 
 
+@pytest.mark.slow
 def test_emulated_bytes(emulated):
     rows = _rows(emulated)
     b = {c: r["bytes_per_step_per_rank"] for c, r in rows.items()}
@@ -169,6 +171,7 @@ def test_emulated_bytes(emulated):
     assert rows["ddp_powersgd"]["powersgd_measured_ratio"] == pytest.approx(b["ddp_powersgd"] / fp32)
 
 
+@pytest.mark.slow
 def test_real_numerics(real):
     res = real.attrs["record"]["results"]
     assert res["mode"] == "real" and res["backend"] == "gloo" and res["device_kind"] == "cpu"

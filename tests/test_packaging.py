@@ -85,7 +85,7 @@ def test_notebooks_match_their_sources(tmp_path):
 
 
 def test_device_probe_labels_the_cpu_fallback():
-    from preflight.device import probe
+    from preflight.core.device import probe
 
     d = probe()
     if d.kind == "cpu":
@@ -136,7 +136,7 @@ def test_jsonschema_skips_the_grammar_compiling_iri_checker():
     import sys
 
     code = ("import sys, json, preflight, altair, nbformat, jsonschema\n"
-            "from preflight.findings import SCHEMA_PATH\n"
+            "from preflight.core.findings import SCHEMA_PATH\n"
             "assert sys.modules.get('rfc3987_syntax') is None, 'rfc3987_syntax was loaded'\n"
             "jsonschema.Draft202012Validator.check_schema(json.loads(SCHEMA_PATH.read_text()))\n"
             "nbformat.validate(nbformat.v4.new_notebook())\n"

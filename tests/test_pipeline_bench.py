@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from preflight.bench import partition, pipeline, stages
+from preflight.bench import partition, pipeline
+from preflight.harness import stages
 from preflight.models.pipeline import schedule_timeline
 
 ATTN = ("attn1", "attn2", "attn3", "attn4")          # four identical blocks
@@ -122,6 +123,7 @@ def interval_bubble(res, step):
     return statistics.mean(shares)
 
 
+@pytest.mark.slow
 def test_bubble_follows_formula(bubble):
     """Under load (2 CPU hogs on the 2 cores) the stopwatch bubble ``1 - busy/step`` is mostly send/recv
     and scheduling latency: m=4 once idled 54.9 %, m=1 52.9 %. So the ordering is asserted on the
@@ -158,6 +160,7 @@ def test_bubble_follows_formula(bubble):
     assert 0 < df.loc[4, "measured_bubble"] < 1
 
 
+@pytest.mark.slow
 def test_interleaved_and_gpipe_run(tmp_path):
     inter = pipeline.measure_bubble(p=2, ms=(2,), schedule="interleaved", v=2, quick=True, timeout=120, out=tmp_path)
     res = inter.attrs["records"][0]["results"]

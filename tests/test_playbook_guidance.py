@@ -70,7 +70,7 @@ def test_glossary_defines_the_terms_and_is_reachable_from_jupyterlab():
 
 
 def test_next_steps_rank_the_fixes_and_say_when_nothing_is_left():
-    from preflight.chapter import next_steps_html
+    from preflight.runner.chapter import next_steps_html
 
     f = dict(value=1.0, unit="x", threshold="pass >= 2x, fail < 1.5x", message="m", source="s")
     findings = [dict(f, id="c/a", verdict="warn", fix="fix <a>"), dict(f, id="c/b", verdict="fail", fix="fix b"),
@@ -81,7 +81,7 @@ def test_next_steps_rank_the_fixes_and_say_when_nothing_is_left():
 
 
 def test_report_pages_point_the_closing_links_at_report_pages():
-    from preflight.report import playbook_links
+    from preflight.reporting.report import playbook_links
 
     body = playbook_links('<a href="02_data_pipeline.ipynb">next</a> <a href="README.md">all</a> '
                           '<a href="glossary.md">glossary</a>')

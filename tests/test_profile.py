@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import EXAMPLE, run_cli
-from preflight.profile import ProfileError, load_profile, parse_profile
+from preflight.core.profile import ProfileError, load_profile, parse_profile
 
 BASE = yaml.safe_load(EXAMPLE.read_text())
 
@@ -139,7 +139,7 @@ def test_profile_that_is_a_folder(tmp_path):
 
 def test_no_serial_part_gives_an_unbounded_ceiling():
     from preflight.chapters import baseline as B
-    from preflight.findings import FindingSink
+    from preflight.core.findings import FindingSink
 
     p = parse_profile(_with("training.step_serial_s", 0))
     sink = FindingSink()

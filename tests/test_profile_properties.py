@@ -22,8 +22,8 @@ from pydantic import BaseModel
 
 from conftest import EXAMPLE, REPO
 from preflight import cli
-from preflight.hardware import CHIPS
-from preflight.profile import Profile
+from preflight.core.hardware import CHIPS
+from preflight.core.profile import Profile
 
 BASE = yaml.safe_load(EXAMPLE.read_text())
 CFG = settings(deadline=None, derandomize=True, database=None,     # same examples each run: counts are stable

@@ -3,8 +3,8 @@ import importlib
 import pkgutil
 
 import preflight.bench
-from preflight import progress
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness import progress
 
 RECORDED_ONLY = {"pipeline", "elastic_shrink"}      # read from --results only: nothing is measured here
 
@@ -54,7 +54,7 @@ def test_steps_yields_everything_and_draws_no_bar_outside_ipython(capsys):
 def test_a_live_measurement_announces_itself(capsys):
     """``Chapter.measurement`` prints the line before the measurement runs and the time after it."""
     from conftest import EXAMPLE
-    from preflight.chapter import start
+    from preflight.runner.chapter import start
 
     ch = start("data_pipeline", EXAMPLE, None, plan_only=False, quick=False)
     order = []

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from conftest import REPO
-from preflight.chapter import start
-from preflight.records import Method, device_mismatch, load_records, read_records, save_record
+from preflight.core.records import Method, device_mismatch, load_records, read_records, save_record
+from preflight.runner.chapter import start
 
 CPU = {"kind": "cpu", "name": "Some CPU", "table_key": None, "label": "Some CPU (CPU fallback)"}
 H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "table_key": "H100-SXM", "label": "NVIDIA H100 (GPU)"}

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from conftest import EXAMPLE, REPO, run_cli
-from preflight.audit import discover, notebook_title
 from preflight.chapters import registry as R
+from preflight.runner.audit import discover, notebook_title
 
 # Renames another change makes: the registry's target -> the file that still stands in for it.
 # Delete the line once the rename is done (the test then fails while the line stays).
@@ -174,8 +174,8 @@ def test_plan_only_audit_ids_start_with_their_chapters_prefix(plan):
 def test_check_prints_the_plan_only_audits_findings(plan):
     """``preflight check`` calls the chapters' plan functions directly: the same (chapter, id, verdict,
     value) as the notebooks of a plan-only audit emit, every finding that is not "not measured"."""
-    from preflight import check
-    from preflight.profile import load_profile
+    from preflight.core.profile import load_profile
+    from preflight.runner import check
 
     s = json.loads((plan / "findings.json").read_text())
     audited = {(f["chapter"], f["id"]): (f["verdict"], f["value"]) for f in s["findings"]
@@ -188,8 +188,8 @@ def test_check_prints_the_plan_only_audits_findings(plan):
 def test_compare_matches_every_old_id(plan, tmp_path):
     """An audit written with the old prefixes (data/, comm/, balance/, resilience/) against today's:
     every old finding has its partner, nothing is only in OLD."""
-    from preflight import compare
-    from preflight.report import load_findings
+    from preflight.reporting import compare
+    from preflight.reporting.report import load_findings
 
     old = load_findings(OLD_IDS)
     assert {f["id"].split("/")[0] for f in old["findings"]} == {"baseline", *R.ID_PREFIX_ALIASES}

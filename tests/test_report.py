@@ -11,10 +11,11 @@ import shutil
 import pytest
 
 from conftest import EXAMPLE, run_cli
-from preflight import guidance, report
 from preflight.chapters.registry import CHAPTERS
-from preflight.report import FindingsError, external_refs, load_findings, validate_findings
-from preflight.tables import prose
+from preflight.reporting import guidance, report
+from preflight.reporting import html as H
+from preflight.reporting.report import FindingsError, external_refs, load_findings, validate_findings
+from preflight.reporting.tables import prose
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +131,9 @@ def test_report_reads_only_through_the_loader(tmp_path, plan, data):
 def test_index_reads_like_an_audit(plan, data):
     html = (plan / "index.html").read_text()
     # the head: project, machine, date, mode, versions
-    for text in (data["project"], data["machine"]["label"], report._when(data["date"]), "plan-only",
+    for text in (data["project"], data["machine"]["label"], H._when(data["date"]), "plan-only",
                  f"torch {data['versions']['torch']}"):
-        assert report.esc(text) in html, text
+        assert H.esc(text) in html, text
     assert "<th>Machine</th>" in html and "<th>Versions</th>" in html
     # the verdict table: one row per chapter with the deciding finding, its number, threshold, fix
     verdicts = html[html.index("<table class='verdicts'>"):]
@@ -144,11 +145,11 @@ def test_index_reads_like_an_audit(plan, data):
     for c in data["chapters"]:
         d = report.deciding(by_ch[c["number"]])
         assert d["verdict"] == c["verdict"]
-        assert report.fid(d["id"]) in verdicts and report.esc(report.fmt_finding(d)) in verdicts
-        assert report.esc(d["threshold"]) in verdicts
+        assert H.fid(d["id"]) in verdicts and H.esc(report.fmt_finding(d)) in verdicts
+        assert H.esc(d["threshold"]) in verdicts
         # a passing chapter has nothing to fix; the others show the deciding finding's fix
         assert (prose(d["fix"]) in verdicts) == (c["verdict"] != "pass")
-        assert f"href='{report.chapter_page(c)}'" in verdicts and (plan / report.chapter_page(c)).exists()
+        assert f"href='{H.chapter_page(c)}'" in verdicts and (plan / H.chapter_page(c)).exists()
         # a failing chapter's row shows the number its threshold judges (not, say, an interval in s
         # beside a threshold in % of waste)
         if d["verdict"] in ("fail", "warn"):
@@ -183,7 +184,7 @@ def test_deciding_finding_and_number_formats():
 
 def test_svg_ids_are_scoped_per_chart():
     svg = '<svg><clipPath id="clip1"/><clipPath id="clip10"/><g clip-path="url(#clip1)"/><use href="#clip10"/></svg>'
-    out = report.scoped_svg(svg, "c--a")
+    out = H.scoped_svg(svg, "c--a")
     assert 'id="c--a-clip1"' in out and 'id="c--a-clip10"' in out
     assert "url(#c--a-clip1)" in out and 'href="#c--a-clip10"' in out and "#clip1" not in out
 
@@ -280,7 +281,7 @@ def test_index_says_what_to_fix_first_and_folds_the_rest(plan, data):
     top = guidance.top_fixes(data["findings"])
     assert head.count("<li>") == len(top) == 3, head
     for f in top:                           # each fix, the number that calls for it, a link to its row
-        assert prose(f["fix"]) in head and f"href='#{f['id']}'" in head and report.esc(report.fmt_finding(f)) in head
+        assert prose(f["fix"]) in head and f"href='#{f['id']}'" in head and H.esc(report.fmt_finding(f)) in head
     assert head.index(prose(top[0]["fix"])) < head.index(prose(top[1]["fix"]))
     assert "how many times the number misses its pass bound" in head
     for c in data["chapters"]:
@@ -314,7 +315,7 @@ def test_chapter_pages_have_no_heading_anchors_or_notebook_only_lines(plan):
 
 
 def test_figures_are_scaled_and_keep_their_viewbox():
-    from preflight.report_index import chart_heading, scaled_svg
+    from preflight.reporting.index import chart_heading, scaled_svg
 
     svg = '<svg xmlns="http://www.w3.org/2000/svg" width="600" height="300" viewBox="0 0 600 300"><g/></svg>'
     out = scaled_svg(svg)
@@ -324,7 +325,7 @@ def test_figures_are_scaled_and_keep_their_viewbox():
 
 
 def test_prose_turns_backticks_into_code_and_escapes_the_rest():
-    from preflight.tables import frame_html
+    from preflight.reporting.tables import frame_html
 
     assert prose("Run `make plan` & <b>") == "Run <code>make plan</code> &amp; &lt;b&gt;"
     assert prose("a `<script>` b") == "a <code>&lt;script&gt;</code> b"      # escaped first: no tag in code
@@ -334,6 +335,6 @@ def test_prose_turns_backticks_into_code_and_escapes_the_rest():
 
 
 def test_the_date_reads_as_a_date():
-    assert report._when("2026-12-01T15:56:28+00:00") == "2026-12-01 15:56 UTC"
-    assert report._when("2026-12-01T17:56:28+02:00") == "2026-12-01 15:56 UTC"
-    assert report._when("not a date") == "not a date"
+    assert H._when("2026-12-01T15:56:28+00:00") == "2026-12-01 15:56 UTC"
+    assert H._when("2026-12-01T17:56:28+02:00") == "2026-12-01 15:56 UTC"
+    assert H._when("not a date") == "not a date"

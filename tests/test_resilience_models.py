@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
+from preflight.core.numfmt import pct
 from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as F
-from preflight.numfmt import pct
 
 HOUR, DAY = 3600.0, 86400.0
 
@@ -257,7 +257,7 @@ def _near(slider, value):
 
 
 def test_charts_render():
-    from preflight import charts, failure_charts
+    from preflight.reporting import charts, failure_charts
 
     curve = S.waste_curve(60, 300, DAY, segments=2000)
     svg = charts.to_svg(failure_charts.waste_curve_chart(curve, {"Young": 3220, "plan": 1800}, "t"))
@@ -268,7 +268,7 @@ def test_charts_render():
 
 
 def test_waste_chart_shades_the_range_and_marks_the_walltime():
-    from preflight import charts, failure_charts
+    from preflight.reporting import charts, failure_charts
 
     curve = S.waste_curve(60, 300, 1875 * HOUR)
     lo, hi, _ = S.optimal_range_simulated(curve)
@@ -283,7 +283,7 @@ def test_waste_chart_shades_the_range_and_marks_the_walltime():
 
 
 def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
-    from preflight import failure_charts
+    from preflight.reporting import failure_charts
 
     curve = S.waste_curve(60, 300, 1875 * HOUR)
     plan = 1800.0                                              # 30 min: 3.4 %, inside the default 5 %
@@ -307,7 +307,7 @@ def test_waste_chart_y_range_includes_the_marks_and_caps_first_order():
 
 
 def test_failure_chart_keeps_each_series_colour():
-    from preflight import charts, failure_charts
+    from preflight.reporting import charts, failure_charts
 
     def colours(p):
         enc = failure_charts.failure_prob_chart(p, 128, 30).to_dict()["layer"][0]["encoding"]["color"]["scale"]

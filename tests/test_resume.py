@@ -10,7 +10,7 @@ import time
 import pytest
 
 from preflight.bench import elastic, resume
-from preflight.bench.trainloop import PARTS, Trainer, parse_args, read_log
+from preflight.harness.trainloop import PARTS, Trainer, parse_args, read_log
 
 
 def _cmd(tmp_path, name, steps=60, every=10, *extra):
@@ -41,7 +41,7 @@ def test_in_process_resume_is_bitwise_and_each_part_matters():
     loaded from the snapshot reproduces steps 18..30 exactly; leaving any part out does not."""
     import torch
 
-    from preflight.ckpt import snapshot
+    from preflight.toolkit.ckpt import snapshot
 
     torch.set_num_threads(1)
     ref = Trainer(steps=60, seed=3)
@@ -59,6 +59,7 @@ def test_in_process_resume_is_bitwise_and_each_part_matters():
     assert len(losses) == 17
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise(tmp_path):
     res = resume.measure_resume(tmp_path / "work", quick=True, seed=1)
     rows = {r["variant"]: r for r in res["rows"]}
@@ -116,12 +117,13 @@ def test_trainloop_rejects_bad_arguments(argv, words, capsys):
 
 
 def test_trainloop_cli_bad_argument_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "preflight.bench.trainloop", "--ckpt-dir", str(tmp_path / "c"),
+    p = subprocess.run([sys.executable, "-m", "preflight.harness.trainloop", "--ckpt-dir", str(tmp_path / "c"),
                         "--steps", "10", "--ckpt-every", "0"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--ckpt-every = 0" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_elastic_restart_resumes_and_matches(tmp_path):
     res = elastic.measure_elastic(tmp_path / "work", quick=True)
     assert res["restarts"] == 1

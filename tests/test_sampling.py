@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from preflight.models.padding import lognormal_lengths, padding_table
-from preflight.sampling import LengthBucketSampler, pad_collate
+from preflight.toolkit.sampling import LengthBucketSampler, pad_collate
 
 
 def _lengths(n=1001, seed=0):

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import REPO
 from preflight.bench import scaling
+from preflight.core.records import make_record, save_record
 from preflight.models.extrapolate import scaling_curve
-from preflight.records import make_record, save_record
 
 SBATCH = REPO / "slurm" / "scaling_stages.sbatch"
 

@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-from preflight import scratch
-from preflight.fsutil import pid_alive
+from preflight.core.fsutil import pid_alive
+from preflight.runner import scratch
 
 
 def _dead_pid() -> int:
@@ -45,7 +45,7 @@ def test_sweep_removes_what_nobody_owns_and_keeps_the_rest(tmp_path):
 
 
 def test_a_run_that_fails_or_is_killed_leaves_nothing_behind(tmp_path):
-    code = ("import sys; from preflight import scratch; w = scratch.run_folder('fault_tolerance', sys.argv[1]); "
+    code = ("import sys; from preflight.runner import scratch; w = scratch.run_folder('fault_tolerance', sys.argv[1]); "
             "(w / 'f').write_text('x'); print(w, flush=True); {}")
     failed = subprocess.run([sys.executable, "-c", code.format("raise RuntimeError('cell failed')"), str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
@@ -70,7 +70,8 @@ def test_a_chapter_that_fails_in_its_kernel_leaves_no_folder(tmp_path):
     import pytest
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(f"from preflight import scratch\nw = scratch.run_folder('ch', {str(tmp_path)!r})"),
+    nb.cells = [nbformat.v4.new_code_cell("from preflight.runner import scratch\n"
+                                          f"w = scratch.run_folder('ch', {str(tmp_path)!r})"),
                 nbformat.v4.new_code_cell("(w / 'ckpt').write_text('x')\nraise RuntimeError('boom')")]
     nbformat.write(nb, tmp_path / "in.ipynb")
     with pytest.raises(pm.PapermillExecutionError, match="boom"):

@@ -1,4 +1,4 @@
-"""preflight.shards: small files -> tar shards, resumable conversion, checked reading, CLI."""
+"""preflight.toolkit.shards: small files -> tar shards, resumable conversion, checked reading, CLI."""
 import hashlib
 import json
 import re
@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from conftest import run_cli
-from preflight import cli, shards
-from preflight.bench import samples
+from preflight import cli
+from preflight.harness import samples
+from preflight.toolkit import shards
 
 N = 240                   # samples in the test tree (a few kB each)
 SHARD = 64_000            # 64 kB shards: about 25 shards

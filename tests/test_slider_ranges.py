@@ -8,16 +8,18 @@ import ipywidgets as W
 import pytest
 
 from conftest import EXAMPLE
-from preflight import advisor, charts, widgets
+from preflight import widgets
+from preflight.chapters import advisor
 from preflight.chapters import memory_plan as MP
-from preflight.profile import load_profile
+from preflight.core.profile import load_profile
+from preflight.reporting import charts
 
 EXPLORERS = ["amdahl", "listing", "supply", "allreduce", "bubble", "failure", "interval", "memory", "layouts"]
 
 
 def _explorers():
     prof = load_profile(EXAMPLE)
-    mem = MP.add_plan_findings(__import__("preflight.findings", fromlist=["FindingSink"]).FindingSink(), prof)
+    mem = MP.add_plan_findings(__import__("preflight.core.findings", fromlist=["FindingSink"]).FindingSink(), prof)
     return {
         "amdahl": lambda: widgets.amdahl_explorer(0.09, 0.8, 1024),
         "listing": lambda: widgets.listing_explorer(10_000_000, 0.5, 8),

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import REPO
-from preflight.bench.launch import free_port
+from preflight.harness.launch import free_port
 from slurm_cluster import slurm_cluster
 
 SBATCH = REPO / "lib" / "preflight" / "slurm" / "walltime_requeue.sbatch"
@@ -130,10 +130,10 @@ def test_template_trap_with_stand_ins(tmp_path, mode, rc, requeued):
     args = paths["args"].read_text().split("\n")
     for want in ("--nodes=2", "--ntasks-per-node=1", "py", "torch.distributed.run", "--nnodes=2",
                  "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29507",
-                 "preflight.bench.trainloop", "--ckpt-dir", str(paths["ckpt"]), "--losses",
+                 "preflight.harness.trainloop", "--ckpt-dir", str(paths["ckpt"]), "--losses",
                  str(paths["ckpt"] / "train.jsonl"), "--steps", "50", "--seed", "2"):
         assert want in args, want
-    assert args[args.index("preflight.bench.trainloop") - 2:][:2] == ["-m", "--"]
+    assert args[args.index("preflight.harness.trainloop") - 2:][:2] == ["-m", "--"]
     if mode == "stop":
         assert "USR1 received" in out and (paths["ckpt"] / "STOP").exists()
     if mode != "stop":
@@ -164,8 +164,8 @@ TIME_MIN, SIGNAL_S = 2, 30        # Slurm signals 30..90 s before the limit: the
 def test_walltime_requeue_round_trip(cluster, tmp_path, tmp_path_factory, record_property, capsys):
     """sbatch --time=2 of ~100 s of steps: USR1 before the limit -> checkpoint -> requeue -> resume ->
     DONE, in >= 2 allocations, with the final loss of an uninterrupted run, bit for bit."""
-    if importlib.util.find_spec("preflight.bench.trainloop") is None:
-        pytest.skip("preflight.bench.trainloop is not there yet")
+    if importlib.util.find_spec("preflight.harness.trainloop") is None:
+        pytest.skip("preflight.harness.trainloop is not there yet")
     ckpt, out_file = tmp_path / "ckpt", tmp_path / "job.out"
     train_args = f"--steps {STEPS} --ckpt-every {CKPT_EVERY} --seed {SEED}"
 
@@ -196,7 +196,7 @@ def test_walltime_requeue_round_trip(cluster, tmp_path, tmp_path_factory, record
 
     # the same training, uninterrupted and without the sleeps
     ref = tmp_path / "ref"
-    r = subprocess.run([sys.executable, "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ref / "ckpt"),
+    r = subprocess.run([sys.executable, "-m", "preflight.harness.trainloop", "--ckpt-dir", str(ref / "ckpt"),
                         *train_args.split(), "--losses", str(ref / "losses.jsonl"), "--step-sleep", "0"],
                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
                        capture_output=True, text=True, timeout=300)

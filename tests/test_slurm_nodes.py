@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import REPO, example_with, run_cli
-from preflight.bench.launch import free_port
+from preflight.harness.launch import free_port
 from slurm_cluster import slurm_cluster
 from test_cluster_path import as_on_this_box, readme_blocks
 from test_slurm import SBATCH, _allocations, _losses, _report
@@ -131,7 +131,7 @@ def test_staged_scaling_across_nodes_feeds_chapter_1(cluster, tmp_path, tmp_path
     assert "on 1 -> 2 nodes" in m["message"] and "stop rule (60%) says" in m["message"], m["message"]
     assert m["value"] == pytest.approx(recs[1]["results"]["step_s"] / two["step_s"])
     # the staged curve as chapter 1 shows it (chapters.baseline.curve_table)
-    from preflight.numfmt import percent
+    from preflight.core.numfmt import percent
 
     rule = "stop rule (60%)"
     curve = next(t for t in html_tables(notebook_text(out, "baseline")) if t and rule in t[0])
@@ -247,7 +247,7 @@ def test_walltime_requeue_on_two_nodes(cluster, tmp_path, tmp_path_factory, caps
     ref = tmp_path / "ref"
     env = {k: v for k, v in cluster.env.items() if not k.startswith("SLURM_")}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ref / "ckpt"), *train_args.split(),
+                        "-m", "preflight.harness.trainloop", "--ckpt-dir", str(ref / "ckpt"), *train_args.split(),
                         "--losses", str(ref / "losses.jsonl")], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got, want = _losses(ckpt / "train.jsonl"), _losses(ref / "losses.jsonl")

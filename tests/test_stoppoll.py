@@ -1,4 +1,4 @@
-"""The stop-file poll at scale (preflight.bench.stoppoll): the interval formula, one rank, and two
+"""The stop-file poll at scale (preflight.toolkit.stoppoll): the interval formula, one rank, and two
 ranks under torchrun (gloo) stopping after the same step; the shrink's log analysis
 (preflight.bench.elastic.shrink_results) on hand-made logs, where a lost or repeated sample and a
 differing loss must show."""
@@ -14,8 +14,8 @@ import pytest
 
 from preflight.bench import elastic
 from preflight.bench.resume import LogTail
-from preflight.bench.stoppoll import BUDGET, MAX_DELAY_S, StopPoller, poll_interval
-from preflight.bench.trainloop import read_log
+from preflight.harness.trainloop import read_log
+from preflight.toolkit.stoppoll import BUDGET, MAX_DELAY_S, StopPoller, poll_interval
 
 
 @pytest.mark.parametrize("check_s, step_s, k", [
@@ -60,12 +60,13 @@ def test_one_rank_sees_the_file_at_a_check_and_only_then(tmp_path):
     assert not StopPoller(tmp_path / "none", 0, 1).should_stop(1)
 
 
+@pytest.mark.slow
 def test_two_ranks_stop_after_the_same_step(tmp_path):
     """torchrun, 2 ranks (gloo): STOP appears mid-run; both ranks say they stopped, at one step, and
     the one checkpoint is at that step."""
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-           "preflight.bench.trainloop", "--ckpt-dir", str(ck), "--losses", str(log), "--steps", "2000",
+           "preflight.harness.trainloop", "--ckpt-dir", str(ck), "--losses", str(log), "--steps", "2000",
            "--ckpt-every", "1000", "--step-sleep", "0.01"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

@@ -1,9 +1,9 @@
 """Topology: placement rules, `nvidia-smi topo -m` and NCCL_DEBUG=INFO parsing (no GPU needed)."""
 import pytest
 
-from preflight import nccl_log
-from preflight import topology as topo
-from preflight.profile import Profile
+from preflight.core.profile import Profile
+from preflight.diagnose import nccl_log
+from preflight.diagnose import topology as topo
 
 
 def _profile(nodes=128, gpus_per_node=8, tp=1, pp=1) -> Profile:

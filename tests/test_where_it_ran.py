@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from preflight import hardware
-from preflight.device import gpu_index
-from preflight.records import Method, ran_on
+from preflight.core import hardware
+from preflight.core.device import gpu_index
+from preflight.core.records import Method, ran_on
 
 GPU_BOX = {"kind": "cuda", "name": "NVIDIA H200", "count": 1, "memory_GB": 150.0, "table_key": "H200-SXM",
            "label": "NVIDIA H200 (GPU)"}

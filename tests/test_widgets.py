@@ -135,8 +135,8 @@ def test_layout_explorer_reranks_with_the_advisors_model_and_filters():
     import html
 
     from conftest import EXAMPLE
-    from preflight import advisor
-    from preflight.profile import load_profile
+    from preflight.chapters import advisor
+    from preflight.core.profile import load_profile
     from preflight.widgets import layout_explorer
 
     prof = load_profile(EXAMPLE)
@@ -164,8 +164,8 @@ def test_layout_explorer_reranks_with_the_advisors_model_and_filters():
 
 def test_advisor_table_marks_the_profiles_plan():
     from conftest import EXAMPLE
-    from preflight import advisor
-    from preflight.profile import load_profile
+    from preflight.chapters import advisor
+    from preflight.core.profile import load_profile
 
     prof = load_profile(EXAMPLE)
     cands = advisor.advise(prof)["candidates"]

@@ -1,4 +1,4 @@
-"""The workload contract (preflight.workload, preflight.workload_check): loading, every kind of bad
+"""The workload contract (preflight.core.workload, preflight.runner.workload_check): loading, every kind of bad
 input, the counts of a model with a closed form, and records that name the workload they measured."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from conftest import REPO, example_with, run_cli
-from preflight import workload as W
-from preflight import workload_check as WC
+from preflight.core import workload as W
+from preflight.runner import workload_check as WC
 
 EXAMPLES = REPO / "examples"
 TESTS = REPO / "tests" / "data" / "workloads"
@@ -158,9 +158,9 @@ def test_records_name_their_workload(tmp_path):
     """A workload record is used only for that workload: never for another, never for the reference."""
     from preflight.bench import baseline as bench_baseline
     from preflight.bench import workload_baseline as B
-    from preflight.chapter import start
-    from preflight.device import probe
-    from preflight.records import save_record
+    from preflight.core.device import probe
+    from preflight.core.records import save_record
+    from preflight.runner.chapter import start
 
     write(tmp_path)
     results = tmp_path / "results"
@@ -178,8 +178,8 @@ def test_records_name_their_workload(tmp_path):
 
 
 def test_live_record_params_carry_the_workload(tmp_path):
-    from preflight.chapter import start
-    from preflight.records import Method
+    from preflight.core.records import Method
+    from preflight.runner.chapter import start
 
     write(tmp_path)
     ch = start("baseline", _profile(tmp_path, "wl.py:build"), out_dir=str(tmp_path / "out"))
@@ -189,7 +189,7 @@ def test_live_record_params_carry_the_workload(tmp_path):
 
 
 def test_plan_only_imports_no_workload(tmp_path):
-    from preflight.chapter import start
+    from preflight.runner.chapter import start
 
     write(tmp_path, source="raise SystemExit('must not be imported')\n")
     assert start("baseline", _profile(tmp_path, "wl.py:build"), plan_only=True).workload is None

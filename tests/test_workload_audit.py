@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE, REPO, run_cli
-from preflight import workload as W
+from preflight.core import workload as W
 
 pytestmark = pytest.mark.slow
 # the findings measured on the workload (chapters/workload.py); the rest are the profile's or the reference's

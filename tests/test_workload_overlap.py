@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import REPO
-from preflight import workload as W
 from preflight.bench import workload_overlap as WO
-from preflight.chapter import Measured
 from preflight.chapters import workload as CW
-from preflight.findings import FindingSink
+from preflight.core import workload as W
+from preflight.core.findings import FindingSink
+from preflight.runner.chapter import Measured
 
 EXAMPLES = REPO / "examples"
 

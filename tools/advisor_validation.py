@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from preflight import advisor
-from preflight.profile import load_profile
+from preflight.chapters import advisor
+from preflight.core.profile import load_profile
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "profiles" / "published"
 

@@ -1,14 +1,20 @@
 """Preflight: measure, explain and audit the five pitfalls of scaling AI training on HPC clusters.
 
-Layout (one concept per module):
-- ``models/``   pure formulas, no torch import (Amdahl, FLOPs/MFU, communication, extrapolation);
-- ``hardware``  the single table of chip peaks;
-- ``profile``   the project profile (YAML) schema and its validation;
-- ``findings``  the audit's finding contract and verdict rules;
-- ``records``   versioned JSON records of measurements;
-- ``device``, ``timing``, ``bench/``  live measurements (torch);
-- ``charts``, ``widgets``  notebook presentation;
-- ``audit``, ``report``, ``cli``  the headless audit.
+Wings by role, bottom to top; a wing imports only the wings listed before it (tests/test_layout.py):
+
+- ``core/``       the contracts every layer shares: profile, findings, records, the hardware table,
+                  the device, timing, atomic writes, numbers for people, the workload contract;
+- ``models/``     pure formulas, no torch import (Amdahl, FLOPs/MFU, communication, memory, bubbles...);
+- ``diagnose/``   evidence read from a team's real job (NCCL logs, topology; profiler traces next);
+- ``toolkit/``    the public part: what a team takes into its own training loop (its ``__init__``
+                  lists every promised name);
+- ``harness/``    what the measurement methods run on (launch, reference models, training loop, NVML);
+- ``bench/``      the measurement methods, one per file, each runnable alone, one JSON record each;
+- ``chapters/``   the five chapters' audit logic, the advisor, the exercises, the registry;
+- ``reporting/``  the report, its charts and tables, what to fix first, the comparison;
+- ``widgets/``    the notebooks' sliders;
+- ``runner/``     the audit's machinery: the chapter runtime, plan-only and measure-mode audits, ``check``;
+- ``cli``         the command line (``python -m preflight ...``).
 """
 
 import sys

@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_audit(args) -> int:
-    from preflight import audit
-    from preflight.profile import ProfileError, load_profile
+    from preflight.core.profile import ProfileError, load_profile
+    from preflight.runner import audit
 
     try:
         profile = load_profile(args.profile)
@@ -160,7 +160,7 @@ def cmd_audit(args) -> int:
     except OSError as err:
         _die(f"--out = {str(out)!r}: cannot create the output folder ({err.strerror})")
 
-    from preflight.report import FindingsError
+    from preflight.reporting.report import FindingsError
 
     try:
         summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
@@ -178,8 +178,8 @@ def cmd_audit(args) -> int:
 def cmd_check(args) -> int:
     import json
 
-    from preflight import check
-    from preflight.profile import ProfileError, load_profile
+    from preflight.core.profile import ProfileError, load_profile
+    from preflight.runner import check
 
     try:
         profile = load_profile(args.profile)
@@ -198,9 +198,9 @@ def cmd_check(args) -> int:
 def cmd_advise(args) -> int:
     import json
 
-    from preflight import advisor
+    from preflight.chapters import advisor
     from preflight.chapters.memory_plan import capacity_bytes
-    from preflight.profile import ProfileError, load_profile
+    from preflight.core.profile import ProfileError, load_profile
 
     try:
         profile = load_profile(args.profile)
@@ -212,7 +212,7 @@ def cmd_advise(args) -> int:
                                                              "its folder does not exist"))
     gpu_key, capacity = None, None
     if profile.cluster.gpu == "auto":         # this machine's GPU: probed (imports torch)
-        from preflight.device import probe
+        from preflight.core.device import probe
 
         device = probe()
         gpu_key, capacity = device.table_key, capacity_bytes(profile, device)[0]
@@ -242,7 +242,7 @@ def cmd_advise(args) -> int:
 def cmd_validate(args) -> int:
     import yaml
 
-    from preflight.profile import ProfileError, load_profile
+    from preflight.core.profile import ProfileError, load_profile
 
     try:
         profile = load_profile(args.profile)
@@ -254,14 +254,14 @@ def cmd_validate(args) -> int:
 
 
 def cmd_chips(_args) -> int:
-    from preflight.hardware import table
+    from preflight.core.hardware import table
 
     print(table().to_string())
     return 0
 
 
 def cmd_shards(args) -> int:
-    from preflight import shards
+    from preflight.toolkit import shards
 
     try:
         size = shards.parse_size(args.shard_size)
@@ -299,8 +299,8 @@ def cmd_shards(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from preflight import compare
-    from preflight.report import FindingsError, load_findings
+    from preflight.reporting import compare
+    from preflight.reporting.report import FindingsError, load_findings
 
     audits = []
     for label, path in (("OLD_DIR", args.old), ("NEW_DIR", args.new)):

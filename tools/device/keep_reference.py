@@ -4,14 +4,14 @@ Takes the folder where the device run's files landed (tools/device/audit.sh: ref
 phases.log, versions.txt, nvidia-smi.csv, the logs) and writes
 
     data/reference/<chip>-<YYYY-MM-DD>/
-        records/*.json      the measurements that ran on the GPU (preflight.records format), for --results
+        records/*.json      the measurements that ran on the GPU (preflight.core.records format), for --results
         traces/*.json.gz    torch.profiler traces of training steps on the GPU (preflight.bench.traces)
         profile.yaml        the example profile with `gpu:` set to this chip, for the replay
         findings.json       the audit's findings, when the audit finished (its CPU parts say so in `source`)
         phases.log versions.txt nvidia-smi.csv *.log
         README.md           chip, driver, versions, date, what was kept and dropped, the replay command
 
-A record is kept only when it ran on the GPU: its ``ran_on.kind`` (``preflight.records.ran_on``: the
+A record is kept only when it ran on the GPU: its ``ran_on.kind`` (``preflight.core.records.ran_on``: the
 bench's own device and backend) is ``cuda``; a record without ``ran_on`` (older Preflight) by its
 ``device.kind``. Every other record is named with why it was dropped: a CPU figure stamped with the
 GPU machine's name would be taken for the GPU's. A run that was stopped half-way (a timeout) leaves a
@@ -75,7 +75,7 @@ def sort_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
 
 def replay_profile(table_key: str | None) -> str:
     """The example profile naming ``table_key`` as its GPU: records are matched to the profile's chip
-    (``preflight.records.device_mismatch``), so the replay must name the chip they came from."""
+    (``preflight.core.records.device_mismatch``), so the replay must name the chip they came from."""
     text = PROFILE.read_text()
     if table_key is None:
         return text

@@ -7,7 +7,7 @@ where it came from (the carried wheels in /tmp/site, or the image). A version ot
 said, not refused (the image's numpy or pandas may serve), but an import that fails stops the run
 here, in seconds, instead of minutes into the audit. Then torch: version, CUDA build, whether it sees
 a GPU, and TF32 / matmul-precision settings (they decide which datasheet peak an fp32 MFU is read
-against: ``preflight.hardware.fp32_compute_dtype``).
+against: ``preflight.core.hardware.fp32_compute_dtype``).
 """
 from __future__ import annotations
 

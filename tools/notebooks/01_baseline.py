@@ -39,10 +39,11 @@ import os
 
 import pandas as pd
 
-from preflight import charts, hardware
-from preflight.chapter import start
 from preflight.chapters import baseline as B
+from preflight.core import hardware
 from preflight.models import scaling
+from preflight.reporting import charts
+from preflight.runner.chapter import start
 
 ch = start("baseline", profile_path, findings_path or None, plan_only, results_dir or None, out_dir or None,
            quick=quick)
@@ -87,7 +88,7 @@ else:
 #   communication / data / optimizer / other;
 # - **business**: samples and tokens per second.
 #
-# The step timer below (`preflight.timing.StepTimer`) is the one you can drop into your own loop: it
+# The step timer below (`preflight.core.timing.StepTimer`) is the one you can drop into your own loop: it
 # splits each step into data wait / forward / backward / optimizer / other.
 #
 # **Your own model.** When the profile names a workload (`workload: entry: my_workload.py:build`, see
@@ -99,7 +100,7 @@ else:
 from preflight.bench import baseline as bench_baseline
 from preflight.bench import workload_baseline as bench_wl
 
-wl = ch.workload        # the profile's own model (preflight.workload), or None: the reference model
+wl = ch.workload        # the profile's own model (preflight.core.workload), or None: the reference model
 if wl:
     print(f"measuring {wl.label} from {wl.entry}, not the reference model")
     base = ch.workload_measurement(bench_wl.METHOD, lambda: bench_wl.measure_baseline(wl, ch.torch_device,
@@ -158,7 +159,7 @@ elif base:
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 if ch.measure or results_dir:          # predict before the measurement below shows it
     ask(X.fusion(on_workload=bool(wl)))
@@ -372,7 +373,7 @@ MP.add_validation_finding(ch.findings, memm)
 # ## 8. Which layout would pass: the advisor
 #
 # A verdict says the plan fails; the next question is which plan would pass and be fastest. The
-# advisor (`python -m preflight advise PROFILE`, `preflight.advisor`) asks the chapters' own models:
+# advisor (`python -m preflight advise PROFILE`, `preflight.chapters.advisor`) asks the chapters' own models:
 # it enumerates every layout the cluster allows (tp dividing a node's GPUs and the heads, pp dividing
 # the layers, dp the rest, the framework's ZeRO stages, recompute none / selective / full, sequence
 # parallelism, micro-batch sizes and counts that keep the global batch, interleaving), keeps those
@@ -390,7 +391,7 @@ MP.add_validation_finding(ch.findings, memm)
 # full sharding sees what it costs.
 
 # %%
-from preflight import advisor
+from preflight.chapters import advisor
 
 advice = B.layout_advice(prof, ch.findings, ch.gpu_key if prof.cluster.gpu == "auto" else None,
                          mem["capacity"] if prof.cluster.gpu == "auto" else None)
@@ -427,7 +428,7 @@ if interactive and not isinstance(advice, str) and advice["fitting"]:
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 EX = X.baseline(prof)
 

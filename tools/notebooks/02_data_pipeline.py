@@ -45,12 +45,13 @@ import os
 
 import pandas as pd
 
-from preflight import REPO, charts
+from preflight import REPO
 from preflight.bench import datapipe
-from preflight.chapter import start
 from preflight.chapters import data_pipeline as C
+from preflight.core.numfmt import plural
 from preflight.models import data as M
-from preflight.numfmt import plural
+from preflight.reporting import charts
+from preflight.runner.chapter import start
 
 ch = start("data_pipeline", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -95,7 +96,7 @@ ch.table(C.listing_table(prof))
 # table above adds.
 
 # %%
-from preflight.shards import parse_size
+from preflight.toolkit.shards import parse_size
 
 pipe = ch.measurement(datapipe.METHOD, lambda: datapipe.measure(work, files, parse_size(shard_size), ch.torch_device,
                                                                   batch, quick=ch.quick))
@@ -155,7 +156,7 @@ else:
 # The sweep runs the real shard pipeline (webdataset, buffer shuffle, decode + augment in the workers)
 # under a training loop at the device's rate, for every `num_workers x prefetch_factor x pin_memory`,
 # with fresh workers each time. Measured per setting: supply (the loader drained alone), the device idle
-# share and the median wait per step (`preflight.loadmon.LoaderMonitor`), the prefetch queue depth.
+# share and the median wait per step (`preflight.toolkit.loadmon.LoaderMonitor`), the prefetch queue depth.
 # The rule of thumb to check: workers ~70-80 % of the cores, prefetch 4-8.
 #
 # Even with a full queue the wait does not reach zero: each batch crosses a process boundary (shared
@@ -194,7 +195,7 @@ if tune:
 # %% [markdown]
 # ## 5. Instrumentation to keep
 #
-# `preflight.loadmon` wraps any DataLoader: `timed(transform)` in the dataset, `stamped(collate)` as the
+# `preflight.toolkit.loadmon` wraps any DataLoader: `timed(transform)` in the dataset, `stamped(collate)` as the
 # collate function, `LoaderMonitor(loader)` around the loop. Per step it records the data wait the
 # device sees, the prefetch queue depth (batches ready when the step asked) and each worker's
 # preprocessing rate. A starved loader shows waits and a queue depth of 0-1; a healthy one, near-zero
@@ -245,7 +246,7 @@ else:
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 EX = X.data_pipeline(prof)
 

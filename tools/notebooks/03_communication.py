@@ -37,11 +37,11 @@ print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
 
 import pandas as pd
 
-from preflight import charts
-from preflight.chapter import start
 from preflight.chapters import communication as C
+from preflight.core.numfmt import gb, gib, num, percent, plural, seconds
 from preflight.models import comm
-from preflight.numfmt import gb, gib, num, percent, plural, seconds
+from preflight.reporting import charts
+from preflight.runner.chapter import start
 
 ch = start("communication", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -136,7 +136,7 @@ else:
 
 # %%
 from preflight.bench import allreduce as bench_allreduce
-from preflight.bench.launch import max_processes
+from preflight.harness.launch import max_processes
 
 gpus_here = ch.measure and ch.device.is_gpu      # live runs on GPUs (plan-only: nothing runs here)
 nproc = min(max_processes()[0], 8) if gpus_here else 2
@@ -182,7 +182,7 @@ C.add_nodes_sweep_finding(ch.findings, across, sweep)
 # default (25 MB) and one huge bucket (a single bucket only starts when backward ends: no overlap);
 # fp16 and bf16 compression hooks (half the bytes; torch's `bf16_compress_hook` is refused by a torch
 # built without NCCL, so the library has an equivalent that runs everywhere:
-# `preflight.hooks.bf16_compress_hook`); PowerSGD (low-rank,
+# `preflight.toolkit.hooks.bf16_compress_hook`); PowerSGD (low-rank,
 # far fewer bytes, changes numerics); accumulation over 4 micro-batches with `no_sync()`
 # (communication once every 4).
 #
@@ -298,7 +298,7 @@ ch.table(pd.DataFrame([
 # parallel fastest, then data parallel, then pipeline):
 
 # %%
-from preflight import topology
+from preflight.diagnose import topology
 
 ch.table(topology.layout_table(prof.cluster.gpus_per_node, prof.cluster.nodes, prof.training.tp, prof.training.pp))
 topo = topology.nvidia_smi_topo() if ch.measure and ch.device.is_gpu else None
@@ -309,12 +309,12 @@ else:
     print("nvidia-smi topo -m: not available here (no NVIDIA GPU). On a GPU node it shows the links "
           "(NV# = NVLink, PIX/PXB = PCIe switch, SYS = across CPU sockets).")
 if "NCCL INFO" in nccl_log:
-    from preflight import nccl_log as nccl
+    from preflight.diagnose import nccl_log as nccl
     parsed = nccl.parse_nccl_log(nccl_log)
     print("What NCCL chose for the sweep above (NCCL_DEBUG=INFO):", nccl.nccl_findings_text(parsed))
     ch.table(nccl.nccl_summary(parsed))
 ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the log: "
-        "`preflight.nccl_log.parse_nccl_log(text)` gives the transports (P2P/NVLink, SHM, NET/IB with "
+        "`preflight.diagnose.nccl_log.parse_nccl_log(text)` gives the transports (P2P/NVLink, SHM, NET/IB with "
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")
 
 # %% [markdown]
@@ -328,7 +328,7 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 EX = X.communication(prof)
 

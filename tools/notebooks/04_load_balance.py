@@ -33,12 +33,12 @@ print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
 
 import pandas as pd
 
-from preflight import charts
-from preflight.chapter import start
 from preflight.chapters import load_balance as C
+from preflight.core.numfmt import percent, plural
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
-from preflight.numfmt import percent, plural
+from preflight.reporting import charts
+from preflight.runner.chapter import start
 
 ch = start("load_balance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -56,7 +56,7 @@ ch.announce()
 # batch** (random batches: one long sample pads all the others), or **bucket by length** (batches of
 # similar lengths). Below: the profile's lengths (a lognormal with its median and sigma, or your
 # `data.lengths_file`), then the same three strategies measured as useful tokens/s of a real Transformer
-# forward+backward on this machine. The sampler is `preflight.sampling.LengthBucketSampler`.
+# forward+backward on this machine. The sampler is `preflight.toolkit.sampling.LengthBucketSampler`.
 #
 # **Packing**, the usual pretraining answer, removes padding instead of shrinking it: concatenate samples
 # into rows of exactly `seq_len` tokens. Cut samples at the row's end and only the last row has a tail;
@@ -315,7 +315,7 @@ else:
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 EX = X.load_balance(prof)
 

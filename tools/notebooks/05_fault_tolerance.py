@@ -46,12 +46,13 @@ import shutil
 
 import pandas as pd
 
-from preflight import charts, failure_charts, scratch
-from preflight.chapter import start
 from preflight.chapters import fault_tolerance as C
+from preflight.core.numfmt import sci
 from preflight.models import checkpoint_sim as S
 from preflight.models import resilience as R
-from preflight.numfmt import sci
+from preflight.reporting import charts, failure_charts
+from preflight.runner import scratch
+from preflight.runner.chapter import start
 
 ch = start("fault_tolerance", profile_path, findings_path or None, plan_only, results_dir or None,
            out_dir or None, quick=quick)
@@ -151,7 +152,7 @@ if interactive:
 # %% [markdown]
 # ## 3. Full-state checkpoint, SIGKILL, bitwise resume
 #
-# A small real training run (`preflight.bench.trainloop`: an MLP with dropout, AdamW, warm-up + cosine
+# A small real training run (`preflight.harness.trainloop`: an MLP with dropout, AdamW, warm-up + cosine
 # LR schedule, shuffled batches, input noise from NumPy and feature masking from Python's `random`)
 # checkpoints **everything** that decides the next step: weights, optimizer moments, scheduler
 # position, the Python / NumPy / torch (CPU and CUDA) generators, the shuffle generator at the start of
@@ -200,7 +201,7 @@ if res:
 # ## 4. Two-stage, durable checkpoints
 #
 # **Where** a checkpoint goes decides how long training waits. Writing straight to a shared parallel
-# file system stalls every rank for the whole write. The two-stage design (`preflight.ckpt`):
+# file system stalls every rank for the whole write. The two-stage design (`preflight.toolkit.ckpt`):
 #
 # 1. copy the state to host memory (a snapshot: the only part training waits for),
 # 2. in a background thread, write it to **fast local disk** (temporary folder, `fsync`, checksum
@@ -326,7 +327,7 @@ C.add_shrink_finding(ch.findings, shrink)
 # it, every k steps, and broadcasts the decision on the training device, so that every rank stops after
 # the same step: at 1024 ranks, a `stat` per rank per step would be 1024 metadata requests per step on
 # the shared file system. k = ceil(check time / (0.1 % of a step)), at most 5 s of training apart
-# (`preflight.bench.stoppoll`). Slurm may signal up to a minute earlier than asked: leave that margin.
+# (`preflight.toolkit.stoppoll`). Slurm may signal up to a minute earlier than asked: leave that margin.
 #
 # The template ships with the library (`preflight/slurm/walltime_requeue.sbatch`). The test suite runs
 # it on a real Slurm (slurmctld + slurmd + munge, brought up by the test), on one node and on two
@@ -352,7 +353,7 @@ print("\n".join(line for line in text.splitlines()[:40]))
 
 # %%
 from preflight.chapters import exercises as X
-from preflight.exercises import ask, check
+from preflight.chapters.predict import ask, check
 
 EX = X.fault_tolerance(prof)
 

@@ -49,10 +49,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench import exit_worker
+from preflight.core.records import Method
+from preflight.harness.launch import exit_worker
 from preflight.models.alphabeta import fit_alpha_beta
 from preflight.models.comm import busbw_factor, ring_allreduce_time
-from preflight.records import Method
 
 METHOD = Method("allreduce", 1, required=("world_size", "backend", "rows", "fit"), runs_on="ranks")
 DTYPES = {"float32": 4, "bfloat16": 2}
@@ -99,7 +99,7 @@ def _sample(dist, buf, stat, device) -> float:
 def _sweep(dist, sizes, iters, dtype, device, world) -> list[dict]:
     import torch
 
-    from preflight.timing import summarize
+    from preflight.core.timing import summarize
 
     esize = DTYPES[dtype]
     buf = torch.ones(max(sizes) // esize, dtype=getattr(torch, dtype), device=device)
@@ -131,9 +131,9 @@ def worker(out, sizes: list[int], iters: int = 50, dtype: str = "float32") -> di
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.launch import init_distributed
-    from preflight.device import probe
-    from preflight.records import save_record
+    from preflight.core.device import probe
+    from preflight.core.records import save_record
+    from preflight.harness.launch import init_distributed
 
     de, device = init_distributed()
     try:
@@ -191,7 +191,7 @@ def sweep_frame(record: dict):
 def load_sweeps(folder) -> list[dict]:
     """Every all-reduce record under ``folder`` (e.g. measured on a cluster and passed as ``--results``),
     oldest first."""
-    from preflight.records import load_records
+    from preflight.core.records import load_records
 
     return load_records(folder, METHOD.name)
 
@@ -204,7 +204,7 @@ def run_sweep(nproc: int = 2, out=None, quick: bool = False, timeout: float = 30
     CPU each rank needs its own core (OMP_NUM_THREADS=1), and oversubscribed ranks measure the
     scheduler (field notes: 3-4 processes on 2 cores turn a 0.4 ms all-reduce into ~5 ms).
     """
-    from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
+    from preflight.harness.launch import max_processes, run_torchrun, torchrun_cmd
 
     limit, unit = max_processes()
     if not 1 <= nproc <= limit:
@@ -235,7 +235,7 @@ def measure(nproc: int = 2, quick: bool = False) -> dict:
     record's results), with the NCCL_DEBUG=INFO lines of the run (GPUs; at most 400) as ``nccl_log``,
     so that the transports NCCL chose are read from the same record. Under torchrun / srun the
     worker writes this record itself (without the log: read the job's output with
-    ``preflight.nccl_log``)."""
+    ``preflight.diagnose.nccl_log``)."""
     df = run_sweep(nproc=nproc, quick=quick)
     lines = [x for x in (df.attrs.get("log") or "").splitlines() if "NCCL INFO" in x]
     return dict(df.attrs["record"]["results"], nccl_log="\n".join(lines[:400]))

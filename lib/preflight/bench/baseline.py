@@ -1,6 +1,6 @@
 """The single-device baseline: the price list every scaling decision is checked against.
 
-Before scaling out, train the reference model (``preflight.bench.reference``) on one device and
+Before scaling out, train the reference model (``preflight.harness.reference``) on one device and
 measure the three baselines, on the three layers at once (any one alone misleads):
 
 - business: throughput, samples/s and tokens/s, from the median step time;
@@ -8,7 +8,7 @@ measure the three baselines, on the three layers at once (any one alone misleads
   ``StepTimer``) and a ``torch.profiler`` op table grouped into categories (matmul, attention,
   memory-bound, communication, data, optimizer, other). The *memory-bound share* is the headline:
   more devices do not make a memory-bound step faster, fusion does;
-- hardware: NVML utilisation, clock and power on NVIDIA GPUs (``preflight.bench.nvml``);
+- hardware: NVML utilisation, clock and power on NVIDIA GPUs (``preflight.harness.nvml``);
 - and peak memory, the FLOPs of one step (counted by ``FlopCounterMode`` and by the ``6N + 12 L h s``
   formula, with their ratio) and MFU against the datasheet peak and against the measured matmul
   ceiling (``preflight.bench.ceilings``), the better denominator.
@@ -25,20 +25,20 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from preflight import hardware
-from preflight.bench.categories import category_table, op_table, profiler_log_filtered
 from preflight.bench.ceilings import matmul_rate
-from preflight.bench.nvml import NvmlSampler
-from preflight.bench.savedtensors import SavedTensors
-from preflight.device import default_device, device_name, launch_rank, on_device
+from preflight.core import hardware
+from preflight.core.device import default_device, device_name, launch_rank, on_device
+from preflight.core.records import Method
+from preflight.core.timing import StepTimer, synchronize
+from preflight.harness.categories import category_table, op_table, profiler_log_filtered
+from preflight.harness.nvml import NvmlSampler
+from preflight.harness.savedtensors import SavedTensors
 from preflight.models.flops import mfu, train_flops_per_token
-from preflight.records import Method
-from preflight.timing import StepTimer, synchronize
 
 if TYPE_CHECKING:       # torch and the model are imported in the functions that measure: a plan-only audit never loads it
     from torch.utils.data import DataLoader
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
 METHOD = Method("baseline", 1, required=("composition", "categories", "flops", "mfu", "memory", "throughput"))
 
@@ -49,7 +49,7 @@ def make_loader(cfg: ref.RefConfig, device, num_workers: int | None = None) -> D
     import torch
     from torch.utils.data import DataLoader
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
     gpu = torch.device(device).type == "cuda"
     workers = (2 if gpu else 0) if num_workers is None else num_workers
@@ -86,7 +86,7 @@ def count_flops(model, cfg: ref.RefConfig, x, y, device) -> dict:
     """FLOPs of one forward + backward, counted by ``FlopCounterMode`` and by ``6N + 12 L h s``."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
     with FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping()) as fc:
         with ref.autocast(cfg, device):
@@ -107,13 +107,13 @@ def count_flops(model, cfg: ref.RefConfig, x, y, device) -> dict:
 def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
     """Bytes held by the training state and by the activations autograd saves for backward.
 
-    Activations: every tensor the forward saves (``preflight.bench.savedtensors``), counted once per
+    Activations: every tensor the forward saves (``preflight.harness.savedtensors``), counted once per
     storage, parameters and buffers excluded (under bf16 autocast the bf16 copies of the weights are saved
     tensors too, and are counted). This is a lower bound of the peak: transient buffers, gradients
     of activations in flight and allocator overhead are not in it."""
     import torch
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
     with SavedTensors(exclude=model) as saved:
         with ref.autocast(cfg, device):
@@ -131,7 +131,7 @@ def tensor_bytes(model, opt, cfg: ref.RefConfig, x, y, device) -> dict:
 def _step(model, opt, batches, cfg, dev, timer: StepTimer):
     import torch
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
     rf = torch.profiler.record_function
     with timer.phase("data_wait"), rf("data_wait"):
@@ -162,7 +162,7 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
     """
     import torch
 
-    from preflight.bench import reference as ref
+    from preflight.harness import reference as ref
 
     t_start = time.perf_counter()
     dev = torch.device(device) if device is not None else default_device()
@@ -240,7 +240,7 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
                 "dtype": cfg.dtype, "precision": precision, "peak_dtype": peak_dtype,
                 "datasheet_peak_tflops": peak, "mfu_datasheet": mfu(achieved, peak),
                 "peak_note": (f"{hardware.lookup(name).source}, dense {peak_dtype}" if peak else
-                              f"unknown peak: {name or 'the CPU'} has no {peak_dtype} entry in preflight.hardware"),
+                              f"unknown peak: {name or 'the CPU'} has no {peak_dtype} entry in preflight.core.hardware"),
                 "measured_ceiling_tflops": ceiling["tflops"], "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"]),
                 "ceiling": ceiling},
         "memory": {
@@ -306,7 +306,7 @@ def ops_frame(result: dict):
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.baseline", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results folder")

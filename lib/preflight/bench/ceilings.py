@@ -7,7 +7,7 @@ well-shaped operation achieves on *this* machine, today. They are the honest den
 - ``memcopy_bandwidth``  device-memory copy, GB/s (the ceiling every memory-bound op runs into);
 - ``h2d_bandwidth``      host-to-device copy, GB/s, pageable vs pinned host memory (the data path).
 
-Every figure is the median of repeats after a warm-up, timed with ``preflight.timing.time_fn``
+Every figure is the median of repeats after a warm-up, timed with ``preflight.core.timing.time_fn``
 (CUDA events on a GPU). Run alone::
 
     python -m preflight.bench.ceilings --out results/ [--quick]
@@ -21,10 +21,10 @@ import argparse
 import os
 import sys
 
-from preflight import hardware
-from preflight.device import default_device, device_name, launch_rank, local_rank, on_device
-from preflight.records import Method
-from preflight.timing import time_fn
+from preflight.core import hardware
+from preflight.core.device import default_device, device_name, launch_rank, local_rank, on_device
+from preflight.core.records import Method
+from preflight.core.timing import time_fn
 
 METHOD = Method("ceilings", 1, required=("matmul.tflops", "matmul.dtype", "matmul.n", "memcopy.GBps", "h2d"))
 
@@ -166,7 +166,7 @@ def measure(device=None, quick: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.ceilings", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results folder (one JSON record per rank)")

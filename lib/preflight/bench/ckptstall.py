@@ -9,7 +9,7 @@ a failure before that falls back to the previous one.
 This module trains a small MLP whose model + AdamW state is ``S`` MB (quick: ~20 MB, full: ~200 MB)
 and checkpoints it four ways, to real folders:
 
-- ``sync ckpt.save``: ``preflight.ckpt.save`` straight to the *shared* folder, in the training
+- ``sync ckpt.save``: ``preflight.toolkit.ckpt.save`` straight to the *shared* folder, in the training
   thread: ``torch.save``, ``fsync``, sha256 manifest, atomic ``rename``, publish ``latest``. Training
   waits for all of it: stall = durable time.
 - ``async two-stage``: ``TwoStageCheckpointer(local, shared).save``: training waits only for the
@@ -40,7 +40,7 @@ what remains. Here the "local" and "shared" folders are usually on the same disk
 faster storage, and ``durable_s`` of the two-stage save is longer than the synchronous one.
 
 This module is the protocol and the statistics; the trained state, the four save methods and the
-timing of a single save are in ``preflight.bench.ckptstate``.
+timing of a single save are in ``preflight.harness.ckptstate``.
 
     measure_stall(workdir, shared_dir=..., quick=True)     # JSON-ready dict
     python -m preflight.bench.ckptstall --json [--quick] [--size-mb S] [--workdir D] [--shared-dir D]
@@ -58,7 +58,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from preflight.bench.ckptstate import (
+from preflight.core.records import Method
+from preflight.harness.ckptstate import (
     ASYNC,
     BATCH,
     DESCRIPTIONS,
@@ -71,7 +72,6 @@ from preflight.bench.ckptstate import (
     quiet_dcp,
     state_bytes,
 )
-from preflight.records import Method
 
 __all__ = ["ASYNC", "DESCRIPTIONS", "FULL_MB", "METHOD", "METHODS", "QUICK_MB", "main",
            "measure_stall", "mlp_for", "state_bytes", "summary"]
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     res = measure_stall(args.workdir, shared_dir=args.shared_dir, quick=args.quick, size_mb=args.size_mb,
                         repeats=args.repeats)
     if args.out:
-        from preflight.records import save_record
+        from preflight.core.records import save_record
 
         rec = METHOD.record({"quick": args.quick, "config": res["config"]}, res)
         path = save_record(rec, args.out)

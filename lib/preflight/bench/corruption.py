@@ -1,4 +1,4 @@
-"""Corruption, live: what the checkpoint loader (``preflight.ckpt``) does with a damaged checkpoint
+"""Corruption, live: what the checkpoint loader (``preflight.toolkit.ckpt``) does with a damaged checkpoint
 and with a hostile one.
 
 1. Two checkpoints are saved, then the newest is damaged: one flipped byte in the middle of its
@@ -19,7 +19,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from preflight import ckpt
+from preflight.toolkit import ckpt
 
 
 class HostilePickle:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from preflight.bench import samples as S
-from preflight.fsutil import atomic_write_text
-from preflight.records import Method
+from preflight.core.fsutil import atomic_write_text
+from preflight.core.records import Method
+from preflight.harness import samples as S
 
 METHOD = Method("datapipe", 1, required=("dataset.shard_count", "dataset.params.files", "storage.filesystem",
                                          "preprocessing", "assembly", "consume.step_s", "h2d", "cores"))
@@ -43,7 +43,7 @@ def prepare(work: str | os.PathLike, files: int, shard_bytes: int, seed: int = 0
     at once (two audits on one machine, a workshop room on one shared disk): the check and the build
     hold an exclusive lock on ``work/.lock``, and each parameter set has its own folder, so building
     one never removes the files another process is reading. Delete ``work`` to reclaim the space."""
-    from preflight import shards
+    from preflight.toolkit import shards
 
     work = Path(work)
     want = {"files": files, "shard_bytes": shard_bytes, "seed": seed, "format": DATASET_FORMAT}
@@ -200,7 +200,7 @@ def preprocessing_rate(shard_dir: str, samples: int = 2000) -> dict:
     """Samples/s of decode + augment on ONE core (one loader worker), from warm shards."""
     import torch
 
-    from preflight import shards
+    from preflight.toolkit import shards
 
     payloads = []
     for s in shards.shard_pipeline(shard_dir):
@@ -228,7 +228,7 @@ def batch_assembly(small_dir: str, shard_dir: str, samples: int, buffer: int = 1
 
     - global shuffle: a random permutation over all small files (random access, one open per sample);
     - buffer shuffle: shards read sequentially through a ``buffer``-sample shuffle buffer (webdataset)."""
-    from preflight import shards
+    from preflight.toolkit import shards
 
     small = layout_files(small_dir, "small_files")
     order = np.random.default_rng(seed).permutation(len(small))
@@ -265,7 +265,7 @@ def consume_rate(device, batch: int) -> dict:
     images already on the device: the rate the pipeline has to supply."""
     import torch
 
-    from preflight.timing import time_fn
+    from preflight.core.timing import time_fn
 
     dev = torch.device(device)
     model = consumer_model().to(dev)
@@ -287,7 +287,7 @@ def h2d_copy(device, batch: int, repeats: int = 20) -> dict:
     """Host-to-device copy of one batch: pageable + blocking vs pinned + non_blocking (GPU only)."""
     import torch
 
-    from preflight.timing import time_fn
+    from preflight.core.timing import time_fn
 
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -317,9 +317,9 @@ def measure(work: str | os.PathLike, files: int, shard_bytes: int, device, batch
 
 
 def main(argv=None) -> int:
-    from preflight import device as D
-    from preflight.records import save_record
-    from preflight.shards import parse_size
+    from preflight.core import device as D
+    from preflight.core.records import save_record
+    from preflight.toolkit.shards import parse_size
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.datapipe",
                                  description="Small files vs shards, and the break points, on this machine.")

@@ -53,8 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench.launch import first_slurm_host, free_port, run_torchrun
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.launch import first_slurm_host, free_port, run_torchrun
 
 METHOD = Method("elastic", 1, required=("restarts", "killed_after_step", "resumed_from", "steps_lost", "recovery_s",
                                         "time_to_regain_s", "final_loss_equal", "wall_s"), runs_on="cpu")
@@ -74,7 +74,7 @@ def torchrun_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, nproc: int, 
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
             "--rdzv-id=preflight-elastic", "--monitor-interval=0.5",
-            "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ckpt_dir), "--losses", str(log),
+            "-m", "preflight.harness.trainloop", "--ckpt-dir", str(ckpt_dir), "--losses", str(log),
             "--steps", str(steps), "--ckpt-every", str(every), *extra]
 
 
@@ -87,7 +87,7 @@ def _run(cmd: list[str], timeout: float = TIMEOUT_S) -> str:
 def measure_elastic(workdir: str | os.PathLike | None = None, steps: int = 120, every: int = 20,
                     kill_step: int = 55, step_sleep: float = 0.05, nproc: int = 2, quick: bool = False) -> dict:
     """An uninterrupted torchrun run and one whose rank 1 is SIGKILLed after ``kill_step``."""
-    from preflight.bench.trainloop import read_log
+    from preflight.harness.trainloop import read_log
 
     if quick:
         steps, every, kill_step = 60, 10, 25
@@ -155,7 +155,7 @@ def agent_cmd(endpoint: str, run_id: str, ckpt_dir: Path, log: Path, steps: int,
     """One node's torchrun agent of the shrink: ``--nnodes=1:2``, c10d, up to 3 restarts, 1 worker."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
             "--max-restarts=3", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-            "--monitor-interval=0.5", "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ckpt_dir),
+            "--monitor-interval=0.5", "-m", "preflight.harness.trainloop", "--ckpt-dir", str(ckpt_dir),
             "--losses", str(log), "--steps", str(steps), "--ckpt-every", str(every), "--log-samples", *extra]
 
 
@@ -203,7 +203,7 @@ def _rows(path: Path) -> list[dict]:
 def shrink_results(ref_log: Path, run_log: Path, after_log: Path) -> dict:
     """The shrink's figures from three trainloop logs: the uninterrupted 2-rank run, the run that lost
     a node, and the 1-rank run resumed from the same checkpoint (see the module docstring)."""
-    from preflight.bench.trainloop import read_log
+    from preflight.harness.trainloop import read_log
 
     rows = _rows(run_log)
     steps = [r for r in rows if "event" not in r]
@@ -264,10 +264,10 @@ def measure_shrink(workdir: str | os.PathLike | None = None, steps: int = 120, e
         if not (work / "run" / "DONE").exists():
             raise RuntimeError(f"the shrink run did not finish its {steps} steps (no DONE in {work / 'run'})")
         resumed = next(r for r in _rows(work / "run.jsonl") if "event" not in r and r["restart"] > 0)["resumed_from"]
-        from preflight import ckpt
+        from preflight.toolkit import ckpt
 
         ckpt.copy_checkpoint(work / "run" / ckpt.step_name(resumed), work / "after")
-        subprocess.run([sys.executable, "-m", "preflight.bench.trainloop", "--ckpt-dir", str(work / "after"),
+        subprocess.run([sys.executable, "-m", "preflight.harness.trainloop", "--ckpt-dir", str(work / "after"),
                         "--losses", str(work / "after.jsonl"), "--steps", str(steps), "--ckpt-every", str(every),
                         "--log-samples"], env={k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE")},
                        check=True, capture_output=True, timeout=TIMEOUT_S)
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     method = SHRINK if a.shrink else METHOD
     res = (measure_shrink if a.shrink else measure_elastic)(a.workdir, quick=a.quick)
     if a.out:
-        from preflight.records import save_record
+        from preflight.core.records import save_record
 
         path = save_record(method.record({"quick": a.quick}, res), a.out)
         print(f"record -> {path}", file=sys.stderr if a.json else sys.stdout)

@@ -12,7 +12,7 @@ This module measures it on a block built to show the effect::
 
     x -> Linear -> GELU -> (+ x) -> LayerNorm        (stacked ``layers`` times)
 
-- time eager vs compiled, forward+backward and forward-only (``preflight.timing.time_fn``: warm-up,
+- time eager vs compiled, forward+backward and forward-only (``preflight.core.timing.time_fn``: warm-up,
   synchronised, median of repeats), and the speedup;
 - the *memory-bound share*: a ``torch.profiler`` run of each version, operator self-times grouped
   by category with the shared categoriser (``preflight.bench.baseline``), before and after fusion.
@@ -57,9 +57,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from preflight.bench.categories import CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table, profiler_log_filtered
-from preflight.records import Method
-from preflight.timing import summarize, synchronize, time_fn
+from preflight.core.records import Method
+from preflight.core.timing import summarize, synchronize, time_fn
+from preflight.harness.categories import CATEGORIES, CONTEXT_CATEGORIES, categorize, op_table, profiler_log_filtered
 
 if TYPE_CHECKING:       # torch is imported in the functions that measure: a plan-only audit never loads it
     from torch import nn
@@ -101,7 +101,7 @@ def make_stack(cfg: FusionConfig, device) -> nn.Sequential:
     import torch
     from torch import nn
 
-    from preflight.bench.reference import MemoryBoundBlock
+    from preflight.harness.reference import MemoryBoundBlock
 
     torch.manual_seed(0)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
@@ -121,7 +121,7 @@ _TEMPLATE = re.compile(r"^triton_tem_", re.IGNORECASE)
 def op_category(name: str, base: str | None = None) -> str:
     """Category of one profiler op name, aware of compiled code (see the module docstring).
 
-    ``base`` is the shared categoriser's answer (``preflight.bench.categories``; computed when not
+    ``base`` is the shared categoriser's answer (``preflight.harness.categories``; computed when not
     given). Generated kernels become memory_bound (fused elementwise / reduction chains), or matmul
     for Triton templates, unless the shared categoriser already placed them in a phase or kind the name
     makes certain (an all-reduce, an optimizer ``_foreach_`` kernel, flex attention). Everything else,
@@ -137,7 +137,7 @@ def op_category(name: str, base: str | None = None) -> str:
 def category_breakdown(prof, device, steps: int) -> dict:
     """Seconds per step by category, memory-bound share and top ops, from a finished profile.
 
-    The op table is the shared one (``preflight.bench.categories.op_table``: self times, so nested
+    The op table is the shared one (``preflight.harness.categories.op_table``: self times, so nested
     events never count twice; host time on the CPU, kernel time on a GPU), re-labelled for compiled
     code by ``op_category``, so these figures compare directly with the single-device baseline's.
     """
@@ -231,7 +231,7 @@ def measure_fusion(device=None, quick: bool = False) -> dict:
     """
     import torch
 
-    from preflight.device import default_device, probe
+    from preflight.core.device import default_device, probe
 
     info = probe()
     device = torch.device(device) if device is not None else default_device()   # LOCAL_RANK-aware
@@ -331,7 +331,7 @@ def categories_frame(result: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.fusion", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

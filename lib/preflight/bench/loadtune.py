@@ -4,7 +4,7 @@ and measure, for each setting, what the device sees.
 For every setting two runs, each with fresh workers:
 
 - **supply**: drain the loader with no consumer: samples/s the pipeline can deliver;
-- **consume**: a training loop at the device's rate, wrapped in ``preflight.loadmon.LoaderMonitor``:
+- **consume**: a training loop at the device's rate, wrapped in ``preflight.toolkit.loadmon.LoaderMonitor``:
   per-step data wait, the device idle share (wait / loop time), the prefetch queue depth.
 
 headroom = supply / consumption, judged by the 1.2x rule (``preflight.models.data``).
@@ -21,10 +21,11 @@ import itertools
 import os
 import time
 
-from preflight import loadmon, progress
 from preflight.bench import datapipe
+from preflight.core.records import Method
+from preflight.harness import progress
 from preflight.models import data as M
-from preflight.records import Method
+from preflight.toolkit import loadmon
 
 TUNE = Method("loadtune", 1, required=("rows", "best.idle_share", "consumer", "consume_samples_per_s", "traces"))
 OVERHEAD = Method("loadmon_overhead", 1, required=("bookkeeping_s_per_step", "bookkeeping_share_of_step",
@@ -55,7 +56,7 @@ def make_loader(shard_dir: str, batch: int, num_workers: int, prefetch_factor: i
     """A DataLoader over the shard pipeline (batching inside the pipeline, as webdataset does)."""
     import torch
 
-    from preflight import shards
+    from preflight.toolkit import shards
 
     tf = datapipe.transform
     ds = shards.shard_pipeline(shard_dir, transform=loadmon.timed(tf) if instrumented else tf,
@@ -210,9 +211,9 @@ def main(argv=None) -> int:
     the shards of the test set in DIR (made there as ``bench.datapipe`` makes it, or reused)."""
     import argparse
 
-    from preflight import device as D
-    from preflight.records import save_record
-    from preflight.shards import parse_size
+    from preflight.core import device as D
+    from preflight.core.records import save_record
+    from preflight.toolkit.shards import parse_size
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.loadtune",
                                  description="DataLoader workers x prefetch x pin_memory against the device's rate.")

@@ -1,7 +1,7 @@
 """The memory planner checked live: predicted bytes against bytes measured on this machine.
 
 ``preflight.models.memory`` predicts per-GPU memory from formulas alone. This module builds the GPT
-those formulas describe exactly (``preflight.bench.gptref``, which explains why each part of the
+those formulas describe exactly (``preflight.harness.gptref``, which explains why each part of the
 layer is written as it is) and counts what it really holds, term by term:
 
 1. **Model states** (Rajbhandari et al. 2020). The GPT in fp32, one step of ``torch.optim.AdamW``;
@@ -13,7 +13,7 @@ layer is written as it is) and counts what it really holds, term by term:
 
 2. **Activations** (Korthikanti et al. 2022, Table 2: ``sbh (34 + 5 a s / h)`` bytes per layer).
    The GPT in bfloat16 (the CPU supports it); every tensor autograd saves during one forward pass
-   is caught by ``preflight.bench.savedtensors`` (``saved_tensors_hooks``) and counted once per *storage* (a view
+   is caught by ``preflight.harness.savedtensors`` (``saved_tensors_hooks``) and counted once per *storage* (a view
    saved by two ops, or a slice of a larger buffer, holds the whole storage, once), parameters and
    buffers excluded (model state, not activations). Forward hooks on the layers say which part is
    running, so bytes land per layer, embedding and output; a walk of the autograd graph afterwards
@@ -67,16 +67,16 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from preflight.bench.savedtensors import SavedTensors, saver_ops
-from preflight.device import default_device, on_device
+from preflight.core.device import default_device, on_device
+from preflight.core.records import Method
+from preflight.core.timing import synchronize
+from preflight.harness.savedtensors import SavedTensors, saver_ops
 from preflight.models import memory as mm
-from preflight.records import Method
-from preflight.timing import synchronize
 
 if TYPE_CHECKING:       # torch and the GPT are imported in the functions that measure: a plan-only audit never loads it
     import torch
 
-    from preflight.bench.gptref import GPT, MemConfig
+    from preflight.harness.gptref import GPT, MemConfig
 
 METHOD = Method("memory", 2, required=("config", "states", "activations", "paths", "peak"))
 
@@ -99,7 +99,7 @@ def measure_states(cfg: MemConfig, device) -> dict:
     state against the planner's fp32 terms (4 + 4 + 8 bytes per parameter)."""
     import torch
 
-    from preflight.bench.gptref import count_params, make_batch, make_model
+    from preflight.harness.gptref import count_params, make_batch, make_model
 
     model = make_model(cfg, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -190,7 +190,7 @@ def measure_activations(cfg: MemConfig, device, recompute: str = "none") -> dict
     embedding + output bytes against the planner's ``activations_output``."""
     import torch
 
-    from preflight.bench.gptref import count_params, make_batch, make_model
+    from preflight.harness.gptref import count_params, make_batch, make_model
 
     model = make_model(cfg, device, dtype=torch.bfloat16).set_recompute(recompute)
     idx, tgt = make_batch(cfg, device)
@@ -228,7 +228,7 @@ def measure_peak(cfg: MemConfig, device) -> dict:
     gradients kept allocated), against the planner's fp32 total without the framework allowance."""
     import torch
 
-    from preflight.bench.gptref import count_params, make_batch, make_model
+    from preflight.harness.gptref import count_params, make_batch, make_model
 
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -284,7 +284,7 @@ def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = Non
     """
     import torch
 
-    from preflight.bench.gptref import config_for, variants
+    from preflight.harness.gptref import config_for, variants
 
     t0 = time.perf_counter()
     dev = torch.device(device) if device is not None else default_device()
@@ -326,7 +326,7 @@ def measure_memory(device=None, quick: bool = False, cfg: MemConfig | None = Non
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.memory", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

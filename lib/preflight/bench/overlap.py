@@ -13,7 +13,7 @@ step_s``. Bytes are computed: ring all-reduce moves ``2 (n-1)/n`` x the buffer p
   is all-reduced as soon as its gradients exist, during the rest of backward; the last one (the first
   layer's gradients) can never hide. Against an 8 MB model the default is nearly one bucket: 25 MiB
   suits models of GBs, where it makes hundreds.
-- ``ddp_fp16_hook`` / ``ddp_bf16_hook``: half the bytes (torch's fp16 hook, ``preflight.hooks``' bf16);
+- ``ddp_fp16_hook`` / ``ddp_bf16_hook``: half the bytes (torch's fp16 hook, ``preflight.toolkit.hooks``' bf16);
   ``ddp_powersgd``: PowerSGD rank 2, compressing after ``start_powerSGD_iter=10`` (the warm-up).
 - ``ddp_no_sync_k4``: 4 micro-batches per update, 3 under ``ddp.no_sync()``: time and bytes per
   micro-batch (its exposed time also sheds 3 optimizer steps in 4; its loss is a different schedule).
@@ -45,9 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench import exit_worker
-from preflight.bench.emulated import emulated_block
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.emulated import emulated_block
+from preflight.harness.launch import exit_worker
 
 METHOD = Method("overlap", 1, required=("mode", "label", "rows", "world_size"), runs_on="ranks")
 CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_default", "ddp_bucket_huge",
@@ -132,7 +132,7 @@ def _runner(config, mode, setup, device, rank, world, trace: dict | None = None)
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from preflight import hooks
+    from preflight.toolkit import hooks
 
     layers, hidden, batch, lr, fwd_ms, bwd_ms = setup
     model = _make_model(mode, layers, hidden, (fwd_ms or 0) / 1e3, (bwd_ms or 0) / 1e3, device,
@@ -210,7 +210,7 @@ def _measure(mode, setup, device, rank, world, steps, rounds=ROUNDS):
     the DDP objects and their reducers die before the process group does."""
     import torch.distributed as dist
 
-    from preflight.timing import summarize, time_fn
+    from preflight.core.timing import summarize, time_fn
 
     runners = {c: _runner(c, mode, setup, device, rank, world) for c in CONFIGS}
     samples = {c: [] for c in CONFIGS}
@@ -259,8 +259,8 @@ def worker(mode: str, out, steps: int = 20, quick: bool = False) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.launch import init_distributed
-    from preflight.records import save_record
+    from preflight.core.records import save_record
+    from preflight.harness.launch import init_distributed
 
     # real mode: a GPU per local rank, else the CPU (init_distributed); emulated mode: always the CPU
     de, device = init_distributed(use_gpu=mode == "real", timeout=datetime.timedelta(seconds=120))
@@ -324,7 +324,7 @@ def overlap_frame(record: dict):
 def run_overlap(mode: str = "emulated", nproc: int = 2, out=None, quick: bool = False,
                 timeout: float = 300.0, steps: int | None = None):
     """Run the worker under ``torchrun --standalone --nproc_per_node=nproc``; the table."""
-    from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
+    from preflight.harness.launch import max_processes, run_torchrun, torchrun_cmd
 
     if mode not in ("emulated", "real"):
         raise ValueError(f"mode must be 'emulated' or 'real' (got {mode!r})")

@@ -36,8 +36,8 @@ import sys
 
 import numpy as np
 
-from preflight.records import Method
-from preflight.timing import synchronize, time_fn
+from preflight.core.records import Method
+from preflight.core.timing import synchronize, time_fn
 
 METHOD = Method("padding", 1, required=("rows", "config"))
 STRATEGIES = ("pad_dataset", "pad_batch", "bucketing")
@@ -63,7 +63,7 @@ def default_buckets(n: int, batch: int) -> int:
 def strategy_batches(lengths: list[int], batch: int, n_buckets: int,
                      seed: int = 0) -> dict[str, tuple[list, int | None]]:
     """For each strategy: (batches of indices, fixed padded length or None for the batch's longest)."""
-    from preflight.sampling import LengthBucketSampler
+    from preflight.toolkit.sampling import LengthBucketSampler
 
     rand = random_batches(len(lengths), batch, seed)
     bucketed = list(LengthBucketSampler(lengths, batch, n_buckets=n_buckets, shuffle=True, seed=seed))
@@ -97,10 +97,10 @@ def measure_padding(device=None, lengths=None, n: int | None = None, batch: int 
     import torch
     from torch import nn
 
-    from preflight.bench.reference import TinyLM
-    from preflight.device import default_device
-    from preflight.sampling import pad_collate
-    from preflight.timing import busy_warning
+    from preflight.core.device import default_device
+    from preflight.core.timing import busy_warning
+    from preflight.harness.reference import TinyLM
+    from preflight.toolkit.sampling import pad_collate
 
     busy = busy_warning()
     device = torch.device(device) if device is not None else default_device()
@@ -183,8 +183,8 @@ def format_table(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from preflight.device import probe
-    from preflight.records import save_record
+    from preflight.core.device import probe
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.padding", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder for the record")

@@ -19,8 +19,8 @@ import argparse
 import sys
 
 from preflight.bench.pipeline import launch_run
-from preflight.bench.stages import HETERO_NAMES, check_partition, layer_times, stage_device
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.stages import HETERO_NAMES, check_partition, layer_times, stage_device
 
 METHOD = Method("partition", 1, required=("p", "m", "layers", "by_count", "by_time", "predicted_gain",
                                           "measured_gain", "throughput_count", "throughput_time", "ranks"), runs_on="ranks")
@@ -54,7 +54,7 @@ def measure_partition(p: int = 2, m: int = 8, quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.partition", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder (writes partition.json)")

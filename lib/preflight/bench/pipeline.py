@@ -32,10 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench import exit_worker
-from preflight.bench.stages import BALANCED, HETERO, HETERO_NAMES, balanced_layers, check_partition, hetero_layers
-from preflight.records import Method
-from preflight.timing import synchronize
+from preflight.core.records import Method
+from preflight.core.timing import synchronize
+from preflight.harness.launch import exit_worker
+from preflight.harness.stages import BALANCED, HETERO, HETERO_NAMES, balanced_layers, check_partition, hetero_layers
 
 # One run (the torchrun worker) and the bubble measurement chapter 4 makes of such runs.
 METHOD = Method("pipeline", 1, required=("world_size", "microbatches", "measured_bubble", "formula", "ranks"), runs_on="ranks")
@@ -164,8 +164,8 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.launch import init_distributed
-    from preflight.records import save_record
+    from preflight.core.records import save_record
+    from preflight.harness.launch import init_distributed
 
     de, device = init_distributed()
     try:
@@ -220,7 +220,7 @@ def _name(schedule, p, m, v, partition) -> str:
 
 def launch_run(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
     """Run the worker under ``torchrun --standalone``, one thread per process; its record."""
-    from preflight.bench.launch import run_torchrun, torchrun_cmd
+    from preflight.harness.launch import run_torchrun, torchrun_cmd
 
     args = ["--schedule", schedule, "--microbatches", str(m), "--chunks", str(v)] + (["--quick"] if quick else [])
     args += ["--partition", ",".join(map(str, partition))] if partition else []
@@ -303,13 +303,13 @@ def main(argv: list[str] | None = None) -> int:
                          "run) and write pipeline_bubble.json")
     args = ap.parse_args(argv)
     if args.measure:
-        from preflight.records import save_record
+        from preflight.core.records import save_record
 
         print(save_record(BUBBLES.record({"quick": args.quick}, measure_bubbles(quick=args.quick)), args.out))
         return 0
     if args.microbatches < 1 or args.chunks < 1 or (args.chunks > 1 and args.schedule != "interleaved"):
         ap.error("need --microbatches >= 1, --chunks >= 1, and --chunks > 1 only with --schedule interleaved")
-    from preflight.bench.launch import dist_env
+    from preflight.harness.launch import dist_env
 
     world = dist_env()["world_size"]
     if args.schedule == "interleaved" and args.microbatches % world:    # as Megatron-LM and the model

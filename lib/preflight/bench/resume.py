@@ -1,6 +1,6 @@
 """Bitwise resume, proven with a real SIGKILL: does the checkpoint hold everything?
 
-1. Run ``preflight.bench.trainloop`` to the end without interruption: the reference loss sequence.
+1. Run ``preflight.harness.trainloop`` to the end without interruption: the reference loss sequence.
 2. Run it again and SIGKILL the process at a random step between two checkpoints (the parent watches
    its log; nothing in the child knows it is coming).
 3. Start the same command again: it resumes from the newest valid checkpoint, recomputes the steps
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.records import Method
+from preflight.core.records import Method
 
 METHOD = Method("resume", 1, required=("killed_after_step", "checkpoint_step", "steps_lost", "resume_bitwise", "rows",
                                       "curves"), runs_on="cpu")
@@ -34,7 +34,7 @@ TIMEOUT_S = 300
 
 
 def trainloop_cmd(ckpt_dir: Path, log: Path, steps: int, every: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "preflight.bench.trainloop", "--ckpt-dir", str(ckpt_dir), "--losses", str(log),
+    return [sys.executable, "-m", "preflight.harness.trainloop", "--ckpt-dir", str(ckpt_dir), "--losses", str(log),
             "--steps", str(steps), "--ckpt-every", str(every), *extra]
 
 
@@ -114,7 +114,7 @@ def compare(ref, other, from_step: int = 0):
 def measure_resume(workdir: str | os.PathLike | None = None, steps: int = 200, every: int = 20,
                    step_sleep: float = 0.01, seed: int = 0, quick: bool = False) -> dict:
     """Reference run, killed run, full resume and one resume per left-out part; JSON-ready."""
-    from preflight.bench.trainloop import PARTS, read_log
+    from preflight.harness.trainloop import PARTS, read_log
 
     if quick:
         steps, every = 80, 10
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     res = measure_resume(a.workdir, seed=a.seed, quick=a.quick)
     if a.out:
-        from preflight.records import save_record
+        from preflight.core.records import save_record
 
         path = save_record(METHOD.record({"quick": a.quick, "seed": a.seed}, res), a.out)
         print(f"record -> {path}", file=sys.stderr if a.json else sys.stdout)

@@ -1,7 +1,7 @@
 """Staged data-parallel scaling, measured with real DDP: 1 -> 2 processes here, 1 -> 8 -> 64 -> 512 GPUs
 on a cluster.
 
-Weak scaling: every rank trains the reference model (``preflight.bench.reference``) on its own
+Weak scaling: every rank trains the reference model (``preflight.harness.reference``) on its own
 synthetic batch of fixed size, wrapped in ``DistributedDataParallel``, so a step on ``N`` ranks does
 ``N`` times the work of a step on one. Ideally the step time stays flat; what it grows by is the
 price of scale (gradient all-reduce not hidden behind backward, synchronisation, stragglers)::
@@ -23,7 +23,7 @@ Three ways in:
 
 On a CPU the "devices" are processes (gloo backend), one core each: with 2 cores, N=1 and N=2 are
 the only stages whose timings mean much (field notes). Joining the process group, the rank limit of
-this machine and the torchrun command come from ``preflight.bench.launch``, shared by every
+this machine and the torchrun command come from ``preflight.harness.launch``, shared by every
 multi-process bench.
 """
 from __future__ import annotations
@@ -35,9 +35,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from preflight.bench import exit_worker
-from preflight.bench.launch import init_distributed, max_processes, run_torchrun, torchrun_cmd
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.launch import exit_worker, init_distributed, max_processes, run_torchrun, torchrun_cmd
 
 METHOD = Method("scaling", 1, required=("world_size", "step_s", "samples_per_s"), runs_on="ranks")
 WARMUP_STEPS = 3
@@ -55,8 +54,8 @@ def _time_ddp_steps(cfg, device, rank: int, steps: int):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from preflight.bench import reference as ref
-    from preflight.timing import time_fn
+    from preflight.core.timing import time_fn
+    from preflight.harness import reference as ref
 
     model = ref.make_model(cfg, device, seed=0)          # same initial weights on every rank
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -89,8 +88,8 @@ def worker(out: str | os.PathLike, steps: int = 30, quick: bool = False) -> dict
     import torch
     import torch.distributed as dist
 
-    from preflight.bench import reference as ref
-    from preflight.records import save_record
+    from preflight.core.records import save_record
+    from preflight.harness import reference as ref
 
     de, device = init_distributed()
     backend = dist.get_backend()
@@ -233,7 +232,7 @@ def stages_frame(records: list[dict]):
 
 def load_stage_records(folder: str | os.PathLike):
     """The stage table (``stages_frame``) from every scaling record under ``folder``."""
-    from preflight.records import load_records
+    from preflight.core.records import load_records
 
     return stages_frame(load_records(folder, METHOD.name))
 

@@ -2,7 +2,7 @@
 
 The traces chapter of a real job reads Kineto traces, one file (or more) per rank, as
 ``torch.profiler`` writes them. This module writes such traces of steps Preflight runs itself, the
-reference model's (``preflight.bench.reference``) or a workload's (``preflight.workload``), so that the
+reference model's (``preflight.harness.reference``) or a workload's (``preflight.core.workload``), so that the
 reader is tested on a trace from a real device, made with a known step time::
 
     python -m preflight.bench.traces --out DIR [--workload examples/small_cnn.py:build] [--steps 3] [--quick]
@@ -33,10 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-from preflight.bench.categories import profiler_log_filtered
-from preflight.device import default_device, launch_rank, on_device
-from preflight.records import Method
-from preflight.timing import StepTimer, synchronize
+from preflight.core.device import default_device, launch_rank, on_device
+from preflight.core.records import Method
+from preflight.core.timing import StepTimer, synchronize
+from preflight.harness.categories import profiler_log_filtered
 
 METHOD = Method("traces", 1, required=("files", "steps", "device", "step_time_s"))
 
@@ -83,8 +83,8 @@ def reference_step(device, quick: bool = False):
     """One training step of the reference model on ``device`` (the baseline's step), as a closure."""
     import torch
 
-    from preflight.bench import reference as ref
     from preflight.bench.baseline import _step, make_loader
+    from preflight.harness import reference as ref
 
     dev = torch.device(device)
     cfg = ref.config_for(dev, tiny=quick)
@@ -109,7 +109,7 @@ def workload_step(entry: str, device):
     """One training step of a workload (``file.py:build`` or ``package.module:build``) on ``device``."""
     import torch
 
-    from preflight.workload import load, to_device
+    from preflight.core.workload import load, to_device
 
     dev = torch.device(device)
     wl = load(entry, Path.cwd())
@@ -151,7 +151,7 @@ def _backend() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from preflight.records import save_record
+    from preflight.core.records import save_record
 
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.traces", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for the traces and the record")
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dist_init = os.environ.get("WORLD_SIZE", "1") != "1"
     if dist_init:      # under torchrun: a process group, so that the trace carries distributedInfo
-        from preflight.bench.launch import init_distributed
+        from preflight.harness.launch import init_distributed
 
         _, dev = init_distributed()          # NCCL on this rank's GPU, else gloo on the CPU
         args.device = args.device or str(dev)

@@ -1,7 +1,7 @@
 """Chapter 1 on your own model: the single-device baseline of a profile's workload.
 
 The same three layers as the reference baseline (``preflight.bench.baseline``), measured on the
-workload's own training step (``preflight.workload``: ``loss(model(inputs), targets)``, backward,
+workload's own training step (``preflight.core.workload``: ``loss(model(inputs), targets)``, backward,
 its optimizer), with its own batches:
 
 - **what it is**: parameters, counted exactly; the FLOPs of one training step (forward + backward)
@@ -27,17 +27,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from preflight import hardware
 from preflight.bench.baseline import _cpu_attention_mapping
-from preflight.bench.categories import category_table, op_table, profiler_log_filtered
 from preflight.bench.ceilings import matmul_rate
-from preflight.bench.nvml import NvmlSampler
-from preflight.bench.savedtensors import SavedTensors
-from preflight.device import default_device, device_name, on_device
+from preflight.core import hardware
+from preflight.core.device import default_device, device_name, on_device
+from preflight.core.records import Method
+from preflight.core.timing import StepTimer, synchronize
+from preflight.core.workload import Workload, samples_in, to_device
+from preflight.harness.categories import category_table, op_table, profiler_log_filtered
+from preflight.harness.nvml import NvmlSampler
+from preflight.harness.savedtensors import SavedTensors
 from preflight.models.flops import mfu, train_flops_per_token
-from preflight.records import Method
-from preflight.timing import StepTimer, synchronize
-from preflight.workload import Workload, samples_in, to_device
 
 if TYPE_CHECKING:       # torch is imported in the functions that measure: a plan-only audit never loads it
     import torch
@@ -193,7 +193,7 @@ def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
                               f"matmul precision {precision['float32_matmul_precision']!r}, cuDNN TF32 "
                               f"{'on' if precision['cudnn_allow_tf32'] else 'off'})" if peak else
                               f"unknown peak: {name or 'the CPU'} has no {precision['peak_dtype']} entry in "
-                              "preflight.hardware"),
+                              "preflight.core.hardware"),
                 "measured_ceiling_tflops": ceiling["tflops"], "mfu_measured_ceiling": mfu(achieved, ceiling["tflops"])},
         "memory": {"peak_GB": (peak_alloc if gpu else lower_bound) / 1e9, "is_lower_bound": not gpu,
                    "method": ("torch.cuda.max_memory_allocated over the timed steps" if gpu else

@@ -45,10 +45,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench import exit_worker
 from preflight.bench.overlap import average_gradients, launched_in_backward
 from preflight.bench.workload_pipeline import block_modules
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.launch import exit_worker
 
 # version 2: results["mode"] is "real" or "emulated" (rows without a loss); version 1 was real only
 METHOD = Method("workload_overlap", 2, required=("workload", "mode", "label", "rows", "world_size", "grad_bytes",
@@ -78,8 +78,8 @@ def _runner(config: str, model, step_loss, make_optimizer, batches, device, worl
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from preflight import hooks
-    from preflight.bench.trainloop import rng_state, set_rng_state
+    from preflight.harness.trainloop import rng_state, set_rng_state
+    from preflight.toolkit import hooks
 
     params = [p for p in model.parameters() if p.requires_grad]
     net, k, seen, buckets = model, 1, {"batches": 0, "updates": 0}, {"bytes": [], "launched": []}
@@ -164,7 +164,7 @@ def emulated_stack(wl, times: list[dict], device, log: list | None = None):
     ``device``. ``log`` gets each block's backward end (``perf_counter``)."""
     from torch import nn
 
-    from preflight.bench.emulated import emulated_block
+    from preflight.harness.emulated import emulated_block
 
     return nn.Sequential(*(emulated_block(ps, w["forward_s"], w["backward_s"], log)
                            for _, ps, w in emulated_groups(wl, times))).to(device)
@@ -176,11 +176,11 @@ def worker(entry: str, base: str, out, steps: int = 8, quick: bool = False, mode
     import torch
     import torch.distributed as dist
 
-    from preflight.bench.launch import init_distributed
     from preflight.bench.workload_pipeline import block_times
-    from preflight.records import save_record
-    from preflight.timing import summarize, time_fn
-    from preflight.workload import load, to_device
+    from preflight.core.records import save_record
+    from preflight.core.timing import summarize, time_fn
+    from preflight.core.workload import load, to_device
+    from preflight.harness.launch import init_distributed
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
@@ -282,7 +282,7 @@ def _record(wl, rows, fp32_loss, world, device, backend, steps, quick, mode="rea
 
 def measure(wl, nproc: int = 2, quick: bool = False, timeout: float = 600.0, mode: str = "real") -> dict:
     """Method ``workload_overlap``: the worker under ``torchrun --standalone`` with ``nproc`` ranks."""
-    from preflight.bench.launch import max_processes, run_torchrun, torchrun_cmd
+    from preflight.harness.launch import max_processes, run_torchrun, torchrun_cmd
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")

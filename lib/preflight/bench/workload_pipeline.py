@@ -1,6 +1,6 @@
 """Chapter 4 on your own model: its blocks timed, cut into pipeline stages, and run as a pipeline.
 
-A workload's ``blocks`` (``preflight.workload``; default its top-level children) are its layers.
+A workload's ``blocks`` (``preflight.core.workload``; default its top-level children) are its layers.
 ``block_times`` runs one forward of the whole model with a hook on each block that keeps the
 block's input, then times each block alone, forward + backward of one micro-batch, on one thread (as
 a pipeline rank runs on a CPU): real inputs, whatever the model does between blocks. From those
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.bench import exit_worker
-from preflight.records import Method
+from preflight.core.records import Method
+from preflight.harness.launch import exit_worker
 
 METHOD = Method("workload_partition", 1, required=("workload", "p", "blocks", "by_count", "by_time",
                                                    "predicted_gain", "in_sequence", "measured_gain"), runs_on="ranks")
@@ -82,8 +82,8 @@ def block_times(wl, device="cpu", inputs=None, quick: bool = False) -> list[dict
     ``[{name, params, time_s}]``, the median after warm-up, one thread."""
     import torch
 
-    from preflight.timing import time_fn
-    from preflight.workload import to_device
+    from preflight.core.timing import time_fn
+    from preflight.core.workload import to_device
 
     wl.model.to(device).train()
     if inputs is None:
@@ -131,8 +131,8 @@ def worker(entry: str, base: str, out, partition: list[int], m: int, steps: int,
     from torch import nn
     from torch.distributed import pipelining as pp
 
-    from preflight.bench.launch import init_distributed
-    from preflight.workload import load
+    from preflight.core.workload import load
+    from preflight.harness.launch import init_distributed
 
     de, device = init_distributed()
     rank, p = de["rank"], de["world_size"]
@@ -178,7 +178,7 @@ def worker(entry: str, base: str, out, partition: list[int], m: int, steps: int,
 
 
 def _run(wl, partition, m, p, quick, timeout=600.0) -> dict:
-    from preflight.bench.launch import run_torchrun, torchrun_cmd
+    from preflight.harness.launch import run_torchrun, torchrun_cmd
 
     with tempfile.TemporaryDirectory(prefix="preflight-wlpipe-") as tmp:
         cmd = torchrun_cmd(p, "preflight.bench.workload_pipeline", "--entry", wl.entry, "--base", wl.base_dir,
@@ -191,8 +191,8 @@ def _run(wl, partition, m, p, quick, timeout=600.0) -> dict:
 def measure_partition(wl, p: int = 2, device="cpu", quick: bool = False) -> dict:
     """Method ``workload_partition``: block times, partitions by count and by time, the predicted gain,
     and (where the blocks run in sequence) both partitions measured through a real pipeline."""
+    from preflight.core.workload import samples_in, to_device
     from preflight.models import pipeline as P
-    from preflight.workload import samples_in, to_device
 
     inputs = to_device(wl.batch()[0], device)
     ok, why = in_sequence(wl, inputs)

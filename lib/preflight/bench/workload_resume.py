@@ -1,7 +1,7 @@
 """Chapter 5 on your own model: killed with SIGKILL, resumed, compared bit for bit.
 
-Preflight's loop trains the workload (``preflight.workload``: its model, its optimizer, its batches)
-in a child process and checkpoints, every ``every`` steps (``preflight.ckpt``: fsync, manifest,
+Preflight's loop trains the workload (``preflight.core.workload``: its model, its optimizer, its batches)
+in a child process and checkpoints, every ``every`` steps (``preflight.toolkit.ckpt``: fsync, manifest,
 atomic rename), everything Preflight can see of its state:
 
 - the step, ``model.state_dict()`` (parameters and persistent buffers, e.g. batch-norm statistics),
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.records import Method
+from preflight.core.records import Method
 
 METHOD = Method("workload_resume", 1, required=("workload", "killed_after_step", "checkpoint_step", "steps_lost",
                                                 "resume_bitwise", "first_divergent_step", "missing_state", "rows"), runs_on="cpu")
@@ -58,8 +58,8 @@ class Trainer:
     def __init__(self, entry: str, base: str | os.PathLike, seed: int = 0):
         import torch
 
-        from preflight.bench.trainloop import rng_state
-        from preflight.workload import load, seed_all
+        from preflight.core.workload import load, seed_all
+        from preflight.harness.trainloop import rng_state
 
         self.wl = load(entry, base, seed=seed)            # seeded: the same initial weights every run
         self.model, self.opt, self.step_no = self.wl.model.cpu().train(), self.wl.make_optimizer(), 0
@@ -68,7 +68,7 @@ class Trainer:
         self._torch = torch
 
     def next_batch(self):
-        from preflight.bench.trainloop import rng_state, set_rng_state
+        from preflight.harness.trainloop import rng_state, set_rng_state
 
         training = rng_state()
         set_rng_state(self.data_rng)
@@ -94,13 +94,13 @@ class Trainer:
         return time.perf_counter() - t0
 
     def state(self) -> dict:
-        from preflight.bench.trainloop import rng_state
+        from preflight.harness.trainloop import rng_state
 
         return {"step": self.step_no, "model": self.model.state_dict(), "optim": self.opt.state_dict(),
                 "rng": rng_state(), "data": {"position": self.step_no}}
 
     def load(self, state: dict, omit=frozenset()) -> None:
-        from preflight.bench.trainloop import set_rng_state
+        from preflight.harness.trainloop import set_rng_state
 
         self.step_no = state["step"]
         self.model.load_state_dict(state["model"])
@@ -130,7 +130,7 @@ def probe(tr: Trainer) -> dict:
     agree bit for bit. The model's state_dict and every generator are put back afterwards."""
     import torch
 
-    from preflight.bench.trainloop import rng_state, set_rng_state
+    from preflight.harness.trainloop import rng_state, set_rng_state
 
     keys = set(tr.model.state_dict())
     hidden = [n for n, _ in tr.model.named_buffers() if n not in keys]
@@ -159,7 +159,7 @@ def run(args) -> int:
     """One training run (the child): resume from the newest checkpoint, train, checkpoint, log."""
     import torch
 
-    from preflight import ckpt
+    from preflight.toolkit import ckpt
 
     torch.set_num_threads(1)
     omit = frozenset(p for p in (args.omit or "").split(",") if p)
@@ -209,9 +209,9 @@ def missing_state(ref, run, start: dict) -> str | None:
 def measure_resume(wl, workdir: str | os.PathLike | None = None, quick: bool = False, seed: int = 0,
                    step_sleep: float = 0.01) -> dict:
     """Reference run, killed run, full resume (and, unless ``quick``, one resume per left-out part) of
-    the workload ``wl`` (a ``preflight.workload.Workload``: its entry is loaded again in each child)."""
+    the workload ``wl`` (a ``preflight.core.workload.Workload``: its entry is loaded again in each child)."""
     from preflight.bench import resume as R
-    from preflight.bench.trainloop import read_log
+    from preflight.harness.trainloop import read_log
 
     entry, base = wl.entry, wl.base_dir
     steps, every = (30, 10) if quick else (60, 10)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from preflight import hardware
-from preflight.findings import FindingSink, judge
+from preflight.core import hardware
+from preflight.core.findings import FindingSink, judge
+from preflight.core.numfmt import factor, percent, plural
+from preflight.core.profile import Profile
 from preflight.models import flops, scaling
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY, scaling_curve
-from preflight.numfmt import factor, percent, plural
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
@@ -170,7 +170,7 @@ CPU_NOT_JUDGED = "CPU fallback, not judged (thresholds are for GPUs); on a GPU: 
 
 def add_measured_findings(sink: FindingSink, base, fusion,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
-    """Findings from the baseline and fusion measurements (``preflight.chapter.Measured`` or None).
+    """Findings from the baseline and fusion measurements (``preflight.runner.chapter.Measured`` or None).
 
     A measurement made on the CPU fallback is recorded with verdict ``info``: MFU and memory-bound
     thresholds are calibrated on GPUs, and a CPU's op mix says little about the project's GPUs."""
@@ -304,7 +304,7 @@ def add_measured_scaling(sink: FindingSink, stages: pd.DataFrame | None, source:
             else "go on to the next stage")
     sink.add(id="baseline/measured_scaling_efficiency", value=float(last["efficiency"]), unit="fraction",
              verdict=v, threshold=words,
-             message=(f"Reference model (preflight.bench.reference), data-parallel (DDP) step time at "
+             message=(f"Reference model (preflight.harness.reference), data-parallel (DDP) step time at "
                       f"{int(last['world_size'])} vs {int(stages.iloc[0]['world_size'])} "
                       f"{last['unit']} {where}: {stages.iloc[0]['step_s'] * 1e3:.1f} ms -> "
                       f"{last['step_s'] * 1e3:.1f} ms (weak scaling, fixed per-rank batch); efficiency "
@@ -330,10 +330,10 @@ def curve_table(curve: pd.DataFrame) -> pd.DataFrame:
 
 def layout_advice(profile: Profile, sink: FindingSink, gpu_key: str | None = None,
                   capacity: float | None = None) -> dict | str:
-    """The advisor's ranking for the chapter (``preflight.advisor.advise``), at this chapter's measured
+    """The advisor's ranking for the chapter (``preflight.chapters.advisor.advise``), at this chapter's measured
     MFU when ``baseline/mfu`` was measured above (a GPU with a datasheet peak), else at the stated
     default; the reason as a string when it cannot rank (an ``auto`` GPU without a known peak)."""
-    from preflight import advisor
+    from preflight.chapters import advisor
 
     measured = next((f for f in sink.findings if f.id == "baseline/mfu" and f.value is not None), None)
     eff = float(measured.value) if measured is not None and advisor.usable_efficiency(measured.value) else None

@@ -1,17 +1,17 @@
 """Chapter 3, communication vs computation: the plan's gradient traffic (``preflight.models.comm.
 allreduce_plan``, the one home of bytes, link, times and bounds), the measured all-reduce sweep and
-DDP overlap runs, and the layout rules of ``preflight.topology``, as findings.
+DDP overlap runs, and the layout rules of ``preflight.diagnose.topology``, as findings.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from preflight.findings import FindingSink, judge
+from preflight.core.findings import FindingSink, judge
+from preflight.core.numfmt import factor
+from preflight.core.profile import Profile
 from preflight.models import comm
 from preflight.models.comm import BACKWARD_SHARE
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
-from preflight.numfmt import factor
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
@@ -40,7 +40,7 @@ def plan(profile: Profile) -> dict:
 
 def closest_tier(profile: Profile) -> str:
     """The calculator's interconnect tier nearest the profile's NIC bandwidth (its starting position)."""
-    from preflight.hardware import LINK_TIERS_GBps
+    from preflight.core.hardware import LINK_TIERS_GBps
 
     nic = comm.gbps_to_GBps(profile.cluster.inter_node_Gbps)
     return min(LINK_TIERS_GBps, key=lambda k: abs(LINK_TIERS_GBps[k] - nic))
@@ -191,12 +191,12 @@ def add_overlap_findings(sink: FindingSink, emulated, real, why_missing: str = "
                       + ("; a difference this small is run-to-run noise on a shared CPU (the cast costs CPU "
                          "time; on a network link the halved bytes are the gain)." if abs(saving) < 0.10 else ".")
                       + numerics),
-             fix="Register a bf16 compression hook (preflight.hooks.bf16_compress_hook on any backend).",
+             fix="Register a bf16 compression hook (preflight.toolkit.hooks.bf16_compress_hook on any backend).",
              source=run.source)
 
 
 def add_topology_finding(sink: FindingSink, profile: Profile) -> None:
-    from preflight import topology
+    from preflight.diagnose import topology
 
     verdict, message = topology.layout_verdict(profile)
     sink.add(id="communication/topology", value=None, unit="", verdict=verdict,

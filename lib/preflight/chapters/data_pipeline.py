@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from preflight.findings import FindingSink, judge, worst
+from preflight.core.findings import FindingSink, judge, worst
+from preflight.core.numfmt import plural
+from preflight.core.profile import Profile
 from preflight.models import data as M
-from preflight.numfmt import plural
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
@@ -116,7 +116,7 @@ def _headroom_finding(sink, fid, row: dict, label: str, source: str) -> None:
 def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overhead,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """Findings from the storage/break-point measurement (``pipe``), the tuner (``tune``) and the
-    instrumentation overhead (``overhead``): ``preflight.chapter.Measured`` objects or None."""
+    instrumentation overhead (``overhead``): ``preflight.runner.chapter.Measured`` objects or None."""
     sink.measured("data_pipeline/small_file_slowdown", pipe, "x", _small_file_finding, why_missing=why_missing,
                   missing_fix="Pack small files into shards.")
     if pipe is None:
@@ -174,7 +174,7 @@ def add_measured_findings(sink: FindingSink, profile: Profile, pipe, tune, overh
                   why_missing=why_missing,
                   missing_threshold=judge(None, warn=OVERHEAD_WARN, fail=OVERHEAD_FAIL, higher_is_better=False,
                                           fmt="{:.0%}")[1],
-                  missing_fix="Wrap the loader in preflight.loadmon.LoaderMonitor and keep it on.")
+                  missing_fix="Wrap the loader in preflight.toolkit.loadmon.LoaderMonitor and keep it on.")
 
 
 def _small_file_finding(r: dict) -> dict:

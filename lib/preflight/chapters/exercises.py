@@ -1,4 +1,4 @@
-"""The predict-then-measure exercises of each chapter (``preflight.exercises``), on the learner's own
+"""The predict-then-measure exercises of each chapter (``preflight.chapters.predict``), on the learner's own
 profile. Answers are computed by the library when checked: formulas of ``preflight.models`` or, where
 a chapter passes its measurement, the number measured on this machine.
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from preflight.exercises import Exercise
-from preflight.numfmt import factor, plural, sci
-from preflight.profile import Profile
+from preflight.chapters.predict import Exercise
+from preflight.core.numfmt import factor, plural, sci
+from preflight.core.profile import Profile
 
 GiB = 2 ** 30
 

@@ -14,10 +14,10 @@ import math
 
 import pandas as pd
 
-from preflight.findings import FindingSink, judge
+from preflight.core.findings import FindingSink, judge
+from preflight.core.numfmt import duration, factor, num, pct, percent, plural, sci
+from preflight.core.profile import Profile
 from preflight.models import resilience as R
-from preflight.numfmt import duration, factor, num, pct, percent, plural, sci
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
@@ -186,7 +186,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
 
 def add_measured_findings(sink: FindingSink, resume, stall, elastic,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
-    """``resume``, ``stall``, ``elastic``: ``preflight.chapter.Measured`` or None each."""
+    """``resume``, ``stall``, ``elastic``: ``preflight.runner.chapter.Measured`` or None each."""
     sink.measured("fault_tolerance/resume_bitwise", resume, "bool", _resume_finding, why_missing=why_missing,
                   missing_threshold="pass = bitwise equal",
                   missing_fix="Checkpoint model, optimizer, scheduler, every RNG and the data position.")
@@ -216,7 +216,7 @@ def _resume_finding(r: dict) -> dict:
                          + "Leaving out " + ", ".join(f"{x['variant'].removeprefix('without ')} (max |diff| "
                                                       f"{x['max_abs_diff']:.2g})" for x in broken)
                          + " makes the curve depart."),
-                fix="Save and restore every part of the state: preflight.bench.trainloop shows each.")
+                fix="Save and restore every part of the state: preflight.harness.trainloop shows each.")
 
 
 def _stall_finding(r: dict) -> dict:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from preflight.findings import FindingSink, judge
+from preflight.core.findings import FindingSink, judge
+from preflight.core.numfmt import factor, percent
+from preflight.core.profile import Profile
 from preflight.models import padding as PAD
 from preflight.models import pipeline as P
 from preflight.models import zerobubble as Z
-from preflight.numfmt import factor, percent
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 
@@ -25,7 +25,7 @@ PADDING_WARN, PADDING_FAIL = 0.10, 0.30
 BUBBLE_WARN, BUBBLE_FAIL = 0.10, 0.25
 PADDING_BATCH = 16               # samples per batch for the padding estimate
 PADDING_SAMPLES = 20_000         # lognormal sample drawn from the profile's median / sigma
-N_BUCKETS = 16                   # length buckets, as preflight.sampling.LengthBucketSampler's default
+N_BUCKETS = 16                   # length buckets, as preflight.toolkit.sampling.LengthBucketSampler's default
 
 
 def lengths(profile: Profile, profile_path: str | Path | None = None):
@@ -64,7 +64,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
                       f"(whole samples, next fit); but a batch of {PADDING_BATCH} rows then holds "
                       f"{pack['samples_per_batch_min']}-{pack['samples_per_batch_max']} samples, not {PADDING_BATCH}, "
                       "and attention must be masked per document, or tokens attend across documents."),
-             fix="Batch by length (preflight.sampling.LengthBucketSampler) or pack sequences with document masks "
+             fix="Batch by length (preflight.toolkit.sampling.LengthBucketSampler) or pack sequences with document masks "
                  "(varlen / FlexAttention kernels, positions restarting per document); never pad to the "
                  "dataset's maximum.", source=PROFILE_SOURCE)
 
@@ -97,14 +97,14 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
 def add_measured_findings(sink: FindingSink, padding, bubble, partition,
                           why_missing: str = "plan-only mode (no live measurement)") -> None:
     """``padding``: measured tokens/s per strategy; ``bubble``: measured vs formula bubble rows;
-    ``partition``: predicted and measured gains (``preflight.chapter.Measured`` or None each)."""
+    ``partition``: predicted and measured gains (``preflight.runner.chapter.Measured`` or None each)."""
     sink.measured("load_balance/bucketing_speedup", padding, "x", lambda r: dict(
         value=r["bucketing_speedup"], verdict="info", threshold="recorded for reference (> 1: bucketing pays)",
         message=(f"Useful tokens/s of the reference Transformer's forward+backward (preflight.bench.padding): "
                  f"length bucketing is "
                  f"{factor(r['bucketing_speedup'])} pad-to-longest-in-batch and "
                  f"{factor(r['bucketing_speedup_vs_dataset'])} pad-to-longest-in-dataset."),
-        fix="preflight.sampling.LengthBucketSampler as the DataLoader's batch_sampler."),
+        fix="preflight.toolkit.sampling.LengthBucketSampler as the DataLoader's batch_sampler."),
         why_missing=why_missing, missing_fix="Batch by length.")
     sink.measured("load_balance/measured_bubble", bubble, "fraction", _bubble_finding,
                   why_missing=why_missing, missing_fix="Measure the pipeline's idle share per rank.")

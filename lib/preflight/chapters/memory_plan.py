@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from preflight.findings import FindingSink, judge
-from preflight.hardware import CHIPS
+from preflight.core.findings import FindingSink, judge
+from preflight.core.hardware import CHIPS
+from preflight.core.numfmt import gib, num
+from preflight.core.profile import Profile
 from preflight.models import memory as M
 from preflight.models import memory_fit as MF
 from preflight.models import states as S
 from preflight.models.pipeline import SCHEDULE_LABELS
-from preflight.numfmt import gib, num
-from preflight.profile import Profile
 
 PROFILE_SOURCE = "computed from profile"
 GiB = 2 ** 30

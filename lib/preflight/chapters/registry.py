@@ -8,7 +8,7 @@ modules keep the name of what they compute or measure (``models.resilience`` is 
 ``bench.datapipe`` measures a data pipe); the registry says which chapter uses which.
 
 Who reads it: the audit (which notebooks exist, in which order, under which title;
-``preflight.audit.discover``), the report (each chapter's pitfall in the verdict table),
+``preflight.runner.audit.discover``), the report (each chapter's pitfall in the verdict table),
 ``preflight compare`` (old finding ids -> current ones, :func:`current_id`), and
 ``tests/test_registry.py``, which checks that every layer agrees with it: each module and file
 listed exists, the notebooks' file names and titles match, every finding id of a plan-only audit
@@ -50,9 +50,10 @@ class Chapter:
     audit: tuple[str, ...]          # preflight.chapters.* modules it runs (the first emits its findings)
     widgets: str | None             # its sliders module
     models: tuple[str, ...]         # preflight.models.* it uses
-    bench: tuple[str, ...]          # preflight.bench.* it measures with (entry points, not helpers)
-    library: tuple[str, ...]        # preflight.* modules it hands the user to keep (its fixes)
+    bench: tuple[str, ...]          # preflight.bench.* it measures with (entry points, each runnable alone)
+    library: tuple[str, ...]        # what it hands the user: preflight.toolkit.* (its fixes), preflight.diagnose.*
     tests: tuple[str, ...]          # tests/ files of the modules above
+    support: tuple[str, ...] = ()   # its own pieces elsewhere: harness/ its benches run on, reporting/, runner/
 
     @property
     def stem(self) -> str:
@@ -82,7 +83,7 @@ class Chapter:
     def modules(self) -> tuple[str, ...]:
         """Every library module listed for it, dotted."""
         return (*self.audit, *((self.widgets,) if self.widgets else ()), *self.models, *self.bench,
-                *self.library)
+                *self.library, *self.support)
 
 
 CHAPTERS: tuple[Chapter, ...] = (
@@ -108,7 +109,8 @@ CHAPTERS: tuple[Chapter, ...] = (
         widgets="preflight.widgets.data_pipeline",
         models=("preflight.models.data",),
         bench=("preflight.bench.datapipe", "preflight.bench.loadtune"),
-        library=("preflight.shards", "preflight.shardformat", "preflight.shardread", "preflight.loadmon"),
+        library=("preflight.toolkit.shards", "preflight.toolkit.shardformat", "preflight.toolkit.shardread",
+                 "preflight.toolkit.loadmon"),
         tests=("tests/test_chapter_data_pipeline.py", "tests/test_data_models.py", "tests/test_datapipe.py",
                "tests/test_shards.py", "tests/test_loadmon.py")),
     Chapter(
@@ -117,11 +119,11 @@ CHAPTERS: tuple[Chapter, ...] = (
         audit=("preflight.chapters.communication", "preflight.chapters.workload"),
         widgets="preflight.widgets.communication",
         models=("preflight.models.comm", "preflight.models.extrapolate"),
-        bench=("preflight.bench.allreduce", "preflight.bench.emulated", "preflight.bench.overlap",
-               "preflight.bench.workload_overlap"),
-        library=("preflight.hooks", "preflight.topology", "preflight.nccl_log"),
+        bench=("preflight.bench.allreduce", "preflight.bench.overlap", "preflight.bench.workload_overlap"),
+        library=("preflight.toolkit.hooks", "preflight.diagnose.topology", "preflight.diagnose.nccl_log"),
         tests=("tests/test_chapter_communication.py", "tests/test_models.py", "tests/test_allreduce.py",
-               "tests/test_overlap.py", "tests/test_topology.py", "tests/test_workload_audit.py")),
+               "tests/test_overlap.py", "tests/test_topology.py", "tests/test_workload_audit.py"),
+        support=("preflight.harness.emulated",)),
     Chapter(
         4, "load_balance", "Load balance", "load imbalance",
         prefix="load_balance", old_prefixes=("balance",),
@@ -130,11 +132,12 @@ CHAPTERS: tuple[Chapter, ...] = (
         widgets="preflight.widgets.load_balance",
         models=("preflight.models.padding", "preflight.models.pipeline", "preflight.models.zerobubble",
                 "preflight.models.memory"),
-        bench=("preflight.bench.padding", "preflight.bench.stages", "preflight.bench.pipeline",
-               "preflight.bench.partition", "preflight.bench.workload_pipeline"),
-        library=("preflight.sampling",),
+        bench=("preflight.bench.padding", "preflight.bench.pipeline", "preflight.bench.partition",
+               "preflight.bench.workload_pipeline"),
+        library=("preflight.toolkit.sampling",),
         tests=("tests/test_chapter_load_balance.py", "tests/test_pipeline_models.py",
-               "tests/test_pipeline_bench.py", "tests/test_sampling.py", "tests/test_zerobubble.py")),
+               "tests/test_pipeline_bench.py", "tests/test_sampling.py", "tests/test_zerobubble.py"),
+        support=("preflight.harness.stages",)),
     Chapter(
         5, "fault_tolerance", "Fault tolerance", "no fault tolerance",
         prefix="fault_tolerance", old_prefixes=("resilience",),
@@ -143,9 +146,10 @@ CHAPTERS: tuple[Chapter, ...] = (
         models=("preflight.models.resilience", "preflight.models.checkpoint_sim"),
         bench=("preflight.bench.resume", "preflight.bench.ckptstall", "preflight.bench.corruption",
                "preflight.bench.elastic", "preflight.bench.workload_resume"),
-        library=("preflight.ckpt", "preflight.scratch", "preflight.failure_charts"),
+        library=("preflight.toolkit.ckpt",),
         tests=("tests/test_chapter_fault_tolerance.py", "tests/test_resilience_models.py",
-               "tests/test_resume.py", "tests/test_ckptstall.py", "tests/test_ckpt.py", "tests/test_scratch.py")),
+               "tests/test_resume.py", "tests/test_ckptstall.py", "tests/test_ckpt.py", "tests/test_scratch.py"),
+        support=("preflight.runner.scratch", "preflight.reporting.failure_charts")),
 )
 
 BY_NUMBER: dict[int, Chapter] = {c.number: c for c in CHAPTERS}

@@ -13,11 +13,11 @@ import math
 
 from preflight.chapters import baseline as B
 from preflight.chapters import fault_tolerance as C
-from preflight.findings import FindingSink
+from preflight.core.findings import FindingSink
+from preflight.core.numfmt import factor, plural
+from preflight.core.profile import Profile
+from preflight.core.workload import label
 from preflight.models import states as S
-from preflight.numfmt import factor, plural
-from preflight.profile import Profile
-from preflight.workload import label
 
 NOT_MEASURED = "plan-only mode (the workload is not imported)"
 
@@ -34,7 +34,7 @@ def _named(build):
 
 def add_baseline_findings(sink: FindingSink, profile: Profile, base, fusion, why_missing: str = NOT_MEASURED) -> None:
     """Chapter 1 on the workload: ``base`` (method ``workload_baseline``) and ``fusion``
-    (``workload_fusion``), each a ``preflight.chapter.Measured`` or None."""
+    (``workload_fusion``), each a ``preflight.runner.chapter.Measured`` or None."""
     fix_mfu = "Profile one device first; fuse memory-bound ops (torch.compile), check the data wait, then scale."
     fix_mb = "Fuse elementwise/normalisation ops (torch.compile, fused kernels) before adding GPUs."
     missing = dict(why_missing=why_missing, missing_fix="Run the audit in measure mode on the workload.")
@@ -201,7 +201,7 @@ def _bf16_finding(r: dict) -> dict:
                          f"{bf['step_s'] * 1e3:.1f} ms ({saving:.0%}). Its own loss after {bf['updates']} updates, against the "
                          f"fp32 average: bf16 {bf['loss_rel_diff_vs_fp32']:.2e}, fp16 {fp['loss_rel_diff_vs_fp32']:.2e} "
                          "(relative)."),
-                fix="Register a bf16 compression hook (preflight.hooks.bf16_compress_hook) if the drift is acceptable.")
+                fix="Register a bf16 compression hook (preflight.toolkit.hooks.bf16_compress_hook) if the drift is acceptable.")
 
 
 # --- chapter 4 ---------------------------------------------------------------------------------------

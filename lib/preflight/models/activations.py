@@ -42,7 +42,7 @@ selective recompute saves only the statistics: FlashAttention already is the sel
 
 Left out, as the paper does: LayerNorm's mean and rstd (s b values each, two per norm: about
 8 / (34 h) of a layer), RNG states (a few bytes). The reference model
-(``preflight.bench.gptref``) saves exactly these parts; ``preflight.bench.memory`` counts them.
+(``preflight.harness.gptref``) saves exactly these parts; ``preflight.bench.memory`` counts them.
 """
 from __future__ import annotations
 

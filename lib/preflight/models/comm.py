@@ -23,7 +23,7 @@ node (or a ring that crosses the network at every hop), not with one per GPU. Th
 the rail-aware figure as ``flat_s``.
 
 With tensor (tp) and pipeline (pp) parallelism each data-parallel rank holds ``M / (tp pp)``
-parameters, and the data-parallel group is placed by Megatron's rank order (``preflight.topology``: tp
+parameters, and the data-parallel group is placed by Megatron's rank order (``preflight.diagnose.topology``: tp
 fastest, then dp, then pp), so tp = 8 on 8-GPU nodes leaves one rank of each group per node.
 
 ``allreduce_plan`` is the one home of a plan's gradient all-reduce (bytes, placement, rail-aware and flat
@@ -37,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from numbers import Real
 
-from preflight.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
+from preflight.core.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -105,7 +105,7 @@ class Placement:
 
 
 def dp_placement(dp: int, tp: int, pp: int, gpus_per_node: int) -> Placement:
-    """Place a data-parallel group by the rank order of ``preflight.topology.rank_groups``.
+    """Place a data-parallel group by the rank order of ``preflight.diagnose.topology.rank_groups``.
 
     Group members are ``tp`` ranks apart (``rank = tp_rank + tp (dp_rank + dp pp_stage)``), so a node of
     ``g`` GPUs holds ``k = min(dp, ceil(g / tp))`` of them and the group spans ``tp (dp-1) // g + 1``

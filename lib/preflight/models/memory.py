@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from preflight.numfmt import num
+from preflight.core.numfmt import num
 
 from . import activations as A
 from . import states as S

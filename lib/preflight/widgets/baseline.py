@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from preflight import charts
+from preflight.core.numfmt import gib
 from preflight.models import scaling
-from preflight.numfmt import gib
+from preflight.reporting import charts
 from preflight.widgets.core import explorer, readout
 
 
@@ -108,11 +108,11 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
 
 
 def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
-    """The advisor's ranking (``preflight.advisor.advise``'s ``result``) under three choices worth
+    """The advisor's ranking (``preflight.chapters.advisor.advise``'s ``result``) under three choices worth
     exploring: the kernels' efficiency (re-times and re-ranks the fitting layouts with the same step
     model, ``advisor.at_efficiency``), the largest pipeline depth the team will run, and whether ZeRO-3 /
     FSDP full sharding is allowed. Memory does not change with them, so no layout is re-planned."""
-    from preflight import advisor
+    from preflight.chapters import advisor
 
     style, layout = {"description_width": "170px"}, W.Layout(width="520px")
     fitting = [c for c in result["candidates"] if c["fits"]]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from preflight import charts
-from preflight.numfmt import gb
+from preflight.core.numfmt import gb
+from preflight.reporting import charts
 from preflight.widgets.core import _log_slider, explorer, readout
 
 
@@ -17,7 +17,7 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
     at the sliders' position (tp, pp and micro-batches fixed)."""
     import pandas as pd
 
-    from preflight.hardware import LINK_TIERS_GBps
+    from preflight.core.hardware import LINK_TIERS_GBps
     from preflight.models import comm
 
     style, layout = {"description_width": "170px"}, W.Layout(width="520px")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
-from preflight import charts
+from preflight.reporting import charts
 
 
 def readout(values: dict[str, tuple[str, str]]) -> str:

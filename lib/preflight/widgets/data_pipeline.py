@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from preflight import charts
+from preflight.reporting import charts
 from preflight.widgets.core import _log_slider, explorer, readout
 
 
@@ -41,7 +41,7 @@ def listing_explorer(files: int, per_file_ms: float, mean_file_kB: float) -> W.V
 
 def supply_explorer(supply: float, consume: float, measured_idle: float | None = None) -> W.VBox:
     """Sliders: supply vs consumption rate (samples/s) -> headroom, device idle share, verdict."""
-    from preflight.findings import judge
+    from preflight.core.findings import judge
     from preflight.models import data as M
 
     hi = max(supply, consume) * 10

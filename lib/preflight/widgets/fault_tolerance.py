@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import ipywidgets as W
 
-from preflight import failure_charts
-from preflight.numfmt import duration, num, pct, plural, sci
+from preflight.core.numfmt import duration, num, pct, plural, sci
+from preflight.reporting import failure_charts
 from preflight.widgets.core import explorer, readout
 
 _YEAR_S = 365.25 * 86400

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from preflight import charts
+from preflight.reporting import charts
 from preflight.widgets.core import explorer, readout
 
 

@@ -1,0 +1,363 @@
+"""The project profile: the audit's input, a YAML file validated here.
+
+Every field carries its unit in its name or description, an accepted range, and a default where one
+makes sense. Bad input raises ``ProfileError`` with one line per problem naming the field, the value
+given and what is accepted; the CLI turns that into exit code 2 before anything is written.
+
+Chapters add their own fields here (one schema, one home).
+"""
+from __future__ import annotations
+
+import re
+import reprlib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from preflight.core.hardware import CHIPS
+from preflight.models.states import STAGES
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; ``str()`` is the message for the user."""
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 40, 4, 4, 2
+
+
+def _short(value) -> str:
+    """``repr`` of a user's value, cut to a readable length (a 1 MB string or a huge list stays one line)."""
+    return _SHORT.repr(value)
+
+
+class _Strict(BaseModel):
+    # allow_inf_nan=False: .nan / .inf in YAML (or "nan" strings) are rejected as "not a finite number"
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v, info: ValidationInfo):
+        """YAML reads yes/no/true/false as booleans, and pydantic would take them as 1 and 0."""
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError(f"got a boolean ({str(v).lower()}); a number is expected")
+        return v
+
+
+class Model(_Strict):
+    params: Annotated[float, Field(ge=1e3, le=1e14, description="parameter count")]
+    layers: Annotated[int, Field(ge=1, le=10_000, description="Transformer layers")]
+    hidden: Annotated[int, Field(ge=8, le=1_000_000, description="hidden size")]
+    seq_len: Annotated[int, Field(ge=1, le=10_000_000, description="sequence length, tokens")]
+    heads: Annotated[int | None, Field(ge=1, le=100_000, description="attention heads; empty: hidden / 128 "
+                                       "(head size 128), at least 1")] = None
+    vocab: Annotated[int, Field(ge=1, le=10_000_000, description="vocabulary size, tokens")] = 32_000
+    # The layer's shape and implementation, as the memory planner needs them (preflight.models.activations)
+    attention: Literal["flash", "math"] = Field("flash", description="flash: fused attention kernels "
+                                                "(FlashAttention, SDPA, cuDNN), no s x s scores kept; math: "
+                                                "softmax(q k^T) v written out, keeps them")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="gelu: 2 matrices h x ffn (GPT); swiglu: 3 (Llama)")
+    ffn_hidden: Annotated[int | None, Field(ge=1, le=10_000_000, description="MLP hidden size; empty: 4 x "
+                                            "hidden")] = None
+    kv_heads: Annotated[int | None, Field(ge=1, le=100_000, description="key/value heads (grouped-query "
+                                          "attention); empty: heads")] = None
+    dropout: Annotated[float, Field(ge=0, lt=1, description="dropout probability (GPT-style 0.1; Llama-style "
+                                    "0: no dropout masks kept)")] = 0.1
+
+    @property
+    def n_heads(self) -> int:
+        """``heads``, or hidden / 128 when not given."""
+        return self.heads or max(1, self.hidden // 128)
+
+    @property
+    def n_kv_heads(self) -> int:
+        """``kv_heads``, or all heads (multi-head attention) when not given."""
+        return self.kv_heads or self.n_heads
+
+
+# Lower bounds are physical, not "> 0": a step of 1e-300 s or a link of 1e-300 GB/s is a typo, and the
+# formulas' divisions would overflow to inf. Smallest accepted: 1 us of compute, 1 Mb/s, 0.01 h (36 s) of
+# walltime, 1 s checkpoint interval, 100 MB of GPU memory, 1 byte files, 86 s of run.
+class Cluster(_Strict):
+    gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+    nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
+    intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
+    inter_node_Gbps: Annotated[float, Field(ge=1e-3, le=100_000, description="bandwidth of one inter-node NIC, "
+                                            "Gb/s (bits)")] = 200.0
+    nics_per_node: Annotated[int | None, Field(ge=1, le=64, description="inter-node NICs per node; empty: one "
+                                               "per GPU (rail-optimised HGX/DGX), 1 = one NIC shared by the "
+                                               "node")] = None
+    node_failure_per_day: Annotated[float, Field(ge=0, lt=1, description="probability a node fails in a day")] = 1e-4
+    walltime_h: Annotated[float, Field(ge=0.01, le=10_000, description="job walltime limit, hours")] = 48.0
+    gpu_memory_GB: Annotated[float | None, Field(ge=0.1, le=100_000, description="memory per GPU, GB; empty: "
+                                                 "from the hardware table (cluster.gpu)")] = None
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        if v != "auto" and v not in CHIPS:
+            raise ValueError(f"unknown GPU {_short(v)}; accepted: auto, {', '.join(CHIPS)}")
+        return v
+
+
+class Training(_Strict):
+    # One GPU's share of one optimizer step at the target layout (forward + backward of all its
+    # micro-batches; serial: data waits, barriers, eval, logging). Under weak scaling (the default) that
+    # is also one GPU's step at every smaller scale: the per-GPU batch is fixed. Under strong scaling the
+    # global batch is fixed and the profile's step is the work that N GPUs share (Amdahl's framing).
+    step_compute_s: Annotated[float, Field(ge=1e-6, le=1e5, description="parallelisable compute of one GPU's "
+                                           "step at the target layout, s")] = 0.8
+    step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part of one GPU's step, s")] = 0.09
+    scaling: Literal["weak", "strong"] = Field("weak", description="weak: the per-GPU batch is fixed as GPUs are "
+                                               "added; strong: the global batch is fixed")
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    tp: Annotated[int, Field(ge=1, le=1024, description="tensor-parallel size")] = 1
+    pp: Annotated[int, Field(ge=1, le=1024, description="pipeline-parallel size")] = 1
+    microbatches: Annotated[int, Field(ge=1, le=100_000)] = 8
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    interleave: Annotated[int, Field(ge=1, le=128, description="model chunks per device")] = 1
+    checkpoint_write_s: Annotated[float, Field(ge=0, le=1e6, description="time to write one checkpoint, s")] = 60.0
+    run_days: Annotated[float, Field(ge=1e-3, le=3650, description="planned run length, days")] = 30.0
+    restart_s: Annotated[float, Field(ge=0, le=1e6, description="time from a failure to training again: detect, "
+                                      "restart or requeue, reload the checkpoint, warm up, s")] = 300.0
+    micro_batch_size: Annotated[int, Field(ge=1, le=65_536, description="sequences per micro-batch per GPU")] = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3, description="ZeRO stage: 0 none, 1 optimizer state, 2 + "
+                                     "gradients, 3 + weights sharded over data parallelism")] = 0
+    activation_recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
+    framework: Literal["deepspeed", "megatron", "fsdp2"] = Field(
+        "deepspeed", description="layout of the model states (preflight.models.states): deepspeed 2+2+12 B per "
+        "parameter, ZeRO 0-3; megatron 2+4+12, zero_stage 1 = distributed optimizer; fsdp2 4+4+8, zero_stage 3")
+    shard_group: Literal["dp", "node"] = Field("dp", description="ZeRO / FSDP sharding group: dp = every data-"
+                                               "parallel rank; node = the ranks of one node, replicated across "
+                                               "nodes (HSDP)")
+    checkpoint_interval_s: Annotated[float | None, Field(ge=1, le=1e7, description="the plan's checkpoint "
+                                     "interval, s; empty: not decided (chapter 5 proposes the optimum)")] = None
+
+
+class Data(_Strict):
+    files: Annotated[int, Field(ge=1, le=10**12, description="number of files in the dataset")] = 1
+    mean_file_kB: Annotated[float, Field(ge=1e-3, le=1e9, description="mean file size, kB")] = 100_000.0
+    storage: Literal["lustre", "gpfs", "nfs", "local_nvme", "object"] = "lustre"
+    length_median: Annotated[int, Field(ge=1, le=10_000_000, description="median sample length, tokens (lognormal)")] = 512
+    length_sigma: Annotated[float, Field(ge=0, le=5, description="lognormal sigma of sample lengths (0 = all equal)")] = 0.8
+    lengths_file: str = Field("", max_length=4096,
+                              description="file of real sample lengths (one integer per line, or a CSV with a "
+                                          "'length' column), relative to the profile; replaces the lognormal")
+    scratch_dir: str = Field("", max_length=4096,
+                             description="absolute folder on the dataset's storage for chapter 2's test "
+                                         "dataset (a subfolder preflight-chapter2 is used); empty: .cache/ "
+                                         "in the repository")
+
+    @field_validator("scratch_dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if v and not Path(v).is_absolute():
+            raise ValueError(f"{_short(v)} must be an absolute path (e.g. /lustre/scratch/me), or empty")
+        return v
+
+
+_ENTRY = re.compile(r"^(?:[^:]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
+
+
+class WorkloadEntry(_Strict):
+    """The team's own model as the subject of the live measurements (``preflight.core.workload``)."""
+    entry: str = Field(max_length=4096, description="'file.py:build' (a file relative to the profile) or "
+                                                    "'package.module:build' (importable); build() returns model, "
+                                                    "batch and loss (README: Audit your own model)")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_form(cls, v: str) -> str:
+        if not _ENTRY.match(v):
+            raise ValueError(f"{_short(v)} is not an entry point; accepted: 'my_workload.py:build' (a file "
+                             "relative to the profile) or 'package.module:build'")
+        return v
+
+
+class Profile(_Strict):
+    project: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                         description="report folder name: letters, digits, - and _ (1-64)")
+    model: Model
+    cluster: Cluster = Cluster()
+    training: Training = Training()
+    data: Data = Data()
+    workload: WorkloadEntry | None = Field(None, description="your own model, measured in every chapter "
+                                           "instead of the reference model; empty: the reference model")
+    measure: bool = Field(True, description="false = plan-only: formulas on the profile, no live measurement")
+    notes: str = Field("", max_length=10_000)
+
+    @model_validator(mode="after")
+    def _plan_fits(self) -> Profile:
+        gpus = self.cluster.gpus_per_node * self.cluster.nodes
+        t = self.training
+        if gpus % (t.tp * t.pp):
+            raise ValueError(f"training.tp * training.pp = {t.tp * t.pp} must divide the GPU count "
+                             f"cluster.gpus_per_node * cluster.nodes = {gpus}")
+        if t.pipeline_schedule == "interleaved" and t.pp > 1 and t.microbatches % t.pp:
+            raise ValueError(f"training.microbatches = {t.microbatches} must be a multiple of training.pp = "
+                             f"{t.pp} for the interleaved schedule")
+        m = self.model
+        if m.hidden % m.n_heads:
+            raise ValueError(f"model.heads = {m.n_heads} must divide model.hidden = {m.hidden}")
+        if m.n_heads % t.tp:
+            raise ValueError(f"training.tp = {t.tp} must divide model.heads = {m.n_heads} (each GPU holds whole heads)")
+        if m.n_heads % m.n_kv_heads:
+            raise ValueError(f"model.kv_heads = {m.n_kv_heads} must divide model.heads = {m.n_heads}")
+        if m.n_kv_heads % t.tp:
+            raise ValueError(f"training.tp = {t.tp} must divide model.kv_heads = {m.n_kv_heads} (each GPU holds "
+                             "whole key/value heads)")
+        stages = STAGES[t.framework]
+        if t.zero_stage not in stages:
+            raise ValueError(f"training.zero_stage = {t.zero_stage} is not available with training.framework = "
+                             f"{t.framework}: accepted {', '.join(map(str, stages))} (megatron: 1 = distributed "
+                             "optimizer; fsdp2 always shards weights, gradients and optimizer state: set 3)")
+        if t.pipeline_schedule != "interleaved" and t.interleave != 1:
+            raise ValueError(f"training.interleave = {t.interleave} needs pipeline_schedule: interleaved")
+        return self
+
+    # Derived quantities: one home, so chapters never recompute them differently.
+    @property
+    def gpus(self) -> int:
+        return self.cluster.gpus_per_node * self.cluster.nodes
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.training.tp * self.training.pp)
+
+    @property
+    def gpu_step_s(self) -> tuple[float, float]:
+        """(serial, compute) seconds of one GPU's step at the target layout.
+
+        Weak scaling: the profile's figures. Strong scaling: the profile's step is the fixed work all
+        ``gpus`` share, so each GPU computes ``step_compute_s / gpus`` (the serial part does not shrink).
+        """
+        t = self.training
+        return t.step_serial_s, t.step_compute_s / (self.gpus if t.scaling == "strong" else 1)
+
+    @property
+    def nics_per_node(self) -> int:
+        """``cluster.nics_per_node``, or one NIC per GPU when not given."""
+        return self.cluster.nics_per_node or self.cluster.gpus_per_node
+
+
+def _accepted_range(loc: tuple) -> str:
+    """'low .. high' from the schema's bounds for the field at ``loc``, '' when it has none."""
+    model: type[BaseModel] | None = Profile
+    info = None
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return ""
+        info = model.model_fields[part]
+        ann = info.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if info is None:
+        return ""
+    low = high = None
+    for m in info.metadata:
+        for attr, side in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if side.startswith(">"):
+                    low = f"{side} {v:g}"
+                else:
+                    high = f"{side} {v:g}"
+    return ", ".join(x for x in (low, high) if x)
+
+
+_MESSAGES = {  # pydantic's wording where it misleads on a YAML file
+    "model_type": "expected a section of indented 'field: value' lines (a mapping)",
+    "dict_type": "expected a section of indented 'field: value' lines (a mapping)",
+    "int_parsing_size": "too large for a whole number",
+    "extra_forbidden": "unknown field (check spelling and indentation; see data/profiles/example.yaml)",
+    "string_pattern_mismatch": "accepted: letters, digits, - and _ (1 to 64 characters)",
+    "missing": "required field missing (see data/profiles/example.yaml)",
+}
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid profile {source}:"]
+    for e in err.errors():
+        msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
+        if not e["loc"]:            # a rule across fields (_plan_fits): its message names them
+            lines.append(f"  {msg}")
+            continue
+        field = ".".join(p if isinstance(p, str) and len(p) <= 60 else _short(p) for p in e["loc"])
+        value = e.get("input")
+        shown = "(missing)" if e["type"] == "missing" else "{...}" if isinstance(value, dict) else _short(value)
+        accepted = _accepted_range(e["loc"])
+        if accepted and e["type"] not in ("extra_forbidden", "string_pattern_mismatch", "missing"):
+            msg += f" (accepted: {accepted})"
+        lines.append(f"  {field} = {shown}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_profile(data: object, source: str = "<data>") -> Profile:
+    if data is None:
+        raise ProfileError(f"invalid profile {source}: the file is empty; expected at least 'project:' and "
+                           "'model:' (see data/profiles/example.yaml)")
+    if not isinstance(data, dict):
+        raise ProfileError(f"invalid profile {source}: expected a YAML mapping ('field: value' lines) at the "
+                           f"top level, got {type(data).__name__}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(_format(err, source)) from None
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one section (YAML would keep the last
+    silently: a second ``training:`` block would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:               # unhashable key: the base class reports it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(None, None, f"key {_short(key)} appears twice in the same section "
+                                        f"(lines {first} and {key_node.start_mark.line + 1}); keep one",
+                                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; ``ProfileError`` on any problem (never a traceback)."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise ProfileError(f"profile {p} is a folder; expected a YAML file")
+        if not p.exists():
+            raise ProfileError(f"profile file not found: {p}")
+        raw = p.read_bytes()
+    except OSError as err:
+        raise ProfileError(f"profile {p} cannot be read: {err.strerror or err}") from None
+    except ValueError as err:                   # e.g. a NUL byte in the path
+        raise ProfileError(f"profile path {_short(str(path))} is not usable: {err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"profile {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                           "save it as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)   # noqa: S506 - a SafeLoader (plus the duplicate-key check)
+    except _DuplicateKey as err:
+        raise ProfileError(f"invalid profile {p}: {err.problem}") from None
+    except yaml.YAMLError as err:
+        raise ProfileError(f"profile {p} is not readable YAML: {err}") from None
+    except RecursionError:
+        raise ProfileError(f"profile {p} is not readable YAML: nested too deeply to be a profile") from None
+    return parse_profile(data, str(p))
