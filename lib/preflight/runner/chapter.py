@@ -26,6 +26,12 @@ from preflight.reporting import charts
 DEFAULT_PROFILE = REPO / "data" / "profiles" / "example.yaml"
 
 
+def _where_label(rec: dict) -> str:
+    """Where a record's bench ran (``ran_on``: the CPU of a GPU machine for gloo ranks), else its device."""
+    dev = rec.get("device") or {}
+    return (rec.get("ran_on") or {}).get("label") or dev.get("label") or dev.get("name", "?")
+
+
 @dataclass
 class Measured:
     """A measurement's results and where they come from (for the finding's ``source``)."""
@@ -171,7 +177,7 @@ class Chapter:
         fit, problems = self._recorded(method, match)
         if fit:
             rec = fit[-1]                                                    # the newest that fits
-            dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
+            dev = _where_label(rec)
             m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, "
                                          f"{str(rec.get('date', '?'))[:10]})", rec, "recorded")
             self._log(method, name, "recorded", m.source, problems, rec["_path"])
@@ -207,7 +213,7 @@ class Chapter:
             self._log(method, None, "not measured", "not measured", problems)
             return None
         rec = fit[-1]
-        dev = rec.get("device", {}).get("label") or rec.get("device", {}).get("name", "?")
+        dev = _where_label(rec)
         m = Measured(rec["results"], f"recorded on {dev} ({Path(rec['_path']).name}, {str(rec.get('date', '?'))[:10]})",
                      rec, "recorded")
         self._log(method, None, "recorded", m.source, problems, rec["_path"])
