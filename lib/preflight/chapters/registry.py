@@ -23,10 +23,13 @@ Adding a sixth chapter (say ``storage``):
    ``add_measured_findings``, every finding id ``storage/<metric>``; its exercises as
    ``preflight.chapters.exercises.storage``.
 3. Sliders, if any, in ``lib/preflight/widgets/storage.py`` (exported from ``preflight.widgets``);
-   formulas in ``models/``, measurements in ``bench/`` under the name of what they compute.
+   formulas in ``models/``, measurements in ``bench/`` under the name of what they compute (what
+   they run on in ``harness/``), what the user keeps in ``toolkit/``, what reads a real job's
+   evidence in ``diagnose/`` (the wings: ``preflight``'s docstring).
 4. ``tests/test_chapter_storage.py``.
 5. A :class:`Chapter` entry below (number 6, ``prefix="storage"``, ``old_prefixes=()``, every module
-   of steps 2-3 and the tools it hands the user in ``library``, the test files in ``tests``).
+   of steps 2-3, the tools it hands the user in ``library``, its pieces in other wings in
+   ``support``, the test files in ``tests``).
 6. README: a row in "The five chapters" table and the chapter's line in the Layout section (it must
    name every module listed here); docs/facilitator.md: a row in the timing table.
 7. ``pytest tests/test_registry.py`` says what is still missing.
