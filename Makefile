@@ -89,8 +89,7 @@ test: setup
 ## profiles, plan-only CLI paths and audits, the toolkit, the report from fixtures. Not: tests marked
 ## slow (live measurements, measure-mode audits, torchrun runs), browser (Chromium), slurm, gpu.
 ## `make test` runs everything, these included; CI runs `make test`.
-test-fast: setup
-	$(VENV)/bin/ruff check lib tests tools
+test-fast: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not browser and not slurm and not gpu" $(PYTEST_ARGS)
 
 ## The linter alone (make test runs it first): pyflakes, pycodestyle, import order, bugbear, pyupgrade.

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO
 from preflight.core import hardware
-from preflight.core.device import gpu_index
+from preflight.core.device import gpu_index, torch_fp32_precision
 from preflight.core.records import Method, ran_on
 
 GPU_BOX = {"kind": "cuda", "name": "NVIDIA H200", "count": 1, "memory_GB": 150.0, "table_key": "H200-SXM",
@@ -63,7 +63,7 @@ def test_tf32_peak_is_the_one_an_fp32_cnn_is_read_against():
     import torch
 
     cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
-    got = hardware.torch_fp32_precision(cnn)
+    got = torch_fp32_precision(cnn)
     assert got["has_conv"] and got["peak_dtype"] == ("tf32" if torch.backends.cudnn.allow_tf32 else "fp32")
     # the ~7x the issue saw: H100 SXM TF32 494.5 vs CUDA-core FP32 67 TFLOP/s
     assert hardware.peak_tflops("H100-SXM", "tf32") / hardware.peak_tflops("H100-SXM", "fp32") > 7
@@ -87,6 +87,9 @@ def test_traces_command_writes_a_kineto_trace_with_steps_and_shapes(tmp_path):
     names = [e.get("name", "") for e in trace["traceEvents"]]
     steps = sorted({n for n in names if n.startswith("ProfilerStep#")})
     assert len(steps) == 2                                  # wait 1, warm-up 1: the first steps are not traced
+    durs = [e["dur"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#") and "dur" in e]
+    mean_s = sum(durs) / len(durs) / 1e6                    # Kineto's microseconds
+    assert 0.5 < mean_s / rec["results"]["step_time_s"] < 2  # the record's step time is the traced steps'
     assert any("Input Dims" in (e.get("args") or {}) for e in trace["traceEvents"])     # record_shapes
     bad = subprocess.run([sys.executable, "-m", "preflight.bench.traces", "--out", tmp_path, "--steps", "0"],
                          capture_output=True, text=True, cwd=REPO)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from preflight.bench.ceilings import matmul_rate
 from preflight.core import hardware
-from preflight.core.device import default_device, device_name, launch_rank, on_device
+from preflight.core.device import default_device, device_name, launch_rank, on_device, torch_fp32_precision
 from preflight.core.records import Method
 from preflight.core.timing import StepTimer, synchronize
 from preflight.harness.categories import category_table, op_table, profiler_log_filtered
@@ -209,7 +209,7 @@ def measure_baseline(device=None, cfg: ref.RefConfig | None = None, steps: int |
     tokens = cfg.batch * cfg.seq_len
     cats = category_table(ops) if ops is not None else None
     name = device_name(dev) if gpu else None
-    precision = hardware.torch_fp32_precision(model) if cfg.dtype == "fp32" else None
+    precision = torch_fp32_precision(model) if cfg.dtype == "fp32" else None
     peak_dtype = precision["peak_dtype"] if precision else cfg.dtype      # TF32 allowed: the TF32 peak
     peak = hardware.peak_tflops(name, peak_dtype)
     achieved = flops["formula_per_step"] / step_s

@@ -22,7 +22,7 @@ import os
 import sys
 
 from preflight.core import hardware
-from preflight.core.device import default_device, device_name, launch_rank, local_rank, on_device
+from preflight.core.device import default_device, device_name, launch_rank, local_rank, on_device, torch_fp32_precision
 from preflight.core.records import Method
 from preflight.core.timing import time_fn
 
@@ -70,8 +70,8 @@ def matmul_rate(device, dtype=None, n: int | None = None) -> dict:
         a = b = c = None               # free the device memory now (not del: the lambda holds the names)
     flop = 2.0 * n ** 3
     # fp32 on a GPU may use TF32 (or bf16) tensor cores: say which precision was allowed, and take
-    # the datasheet peak of that precision (hardware.fp32_compute_dtype).
-    precision = hardware.torch_fp32_precision() if name == "fp32" else None
+    # the datasheet peak of that precision (hardware.fp32_compute_dtype, device.torch_fp32_precision).
+    precision = torch_fp32_precision() if name == "fp32" else None
     peak_dtype = precision["peak_dtype"] if precision else name
     peak = hardware.peak_tflops(device_name(dev), peak_dtype) if gpu else None
     tflops = flop / t.median_s / 1e12

@@ -21,7 +21,8 @@ What is recorded, as a team would record it (PyTorch's recipe "Profiling your Py
   ``distributedInfo`` (rank, world size, backend).
 
 Each run also writes a record (method ``traces``) naming the files, the steps, the device and the
-step times measured outside the profiler, against which a trace reader's step times can be checked.
+mean step time of the traced steps, timed by wall clock outside the profiler's records, against which
+a trace reader's step times can be checked.
 """
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ METHOD = Method("traces", 1, required=("files", "steps", "device", "step_time_s"
 def trace_steps(step, device, out: Path, name: str, steps: int = 3, rank: int | None = None) -> dict:
     """Run ``step()`` (one training step) ``steps + 2`` times under ``torch.profiler`` with the schedule
     above; write ``<out>/<name>-rank<R>.pt.trace.json.gz``. Returns {file, steps, events, bytes,
-    step_time_s (median of the traced steps, timed outside the profiler's own records), wall_s}."""
+    step_time_s, wall_s}. The traced steps run free, as a real job's do (no synchronisation between
+    them, which would add idle time at every step boundary of the trace): ``step_time_s`` is their
+    mean, one synchronisation before the first and one after the last."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -54,17 +57,18 @@ def trace_steps(step, device, out: Path, name: str, steps: int = 3, rank: int | 
     rank = 0 if rank is None else rank
     path = out / f"{name}-rank{rank}.pt.trace.json.gz"
     raw = out / f".{name}-rank{rank}.pt.trace.json"           # Kineto writes plain JSON; gzipped below
-    times = []
     t0 = time.perf_counter()
-    with profiler_log_filtered(), profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=steps), record_shapes=True,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
+    with profiler_log_filtered(), profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=steps),
+                                          record_shapes=True,
+                                          on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
         for i in range(steps + 2):
-            synchronize(dev)
-            s = time.perf_counter()
+            if i == 2:                           # the traced steps start: time them from here
+                synchronize(dev)
+                active_t0 = time.perf_counter()
             step()
-            synchronize(dev)
-            if i >= 2:
-                times.append(time.perf_counter() - s)
+            if i == steps + 1:
+                synchronize(dev)
+                step_s = (time.perf_counter() - active_t0) / steps
             prof.step()
     wall = time.perf_counter() - t0
     data = raw.read_bytes()
@@ -74,9 +78,8 @@ def trace_steps(step, device, out: Path, name: str, steps: int = 3, rank: int | 
         f.write(data)
     os.replace(tmp, path)
     raw.unlink()
-    times.sort()
     return {"file": path.name, "steps": steps, "events": events, "bytes": path.stat().st_size,
-            "step_time_s": times[len(times) // 2], "step_times_s": times, "wall_s": wall}
+            "step_time_s": step_s, "wall_s": wall}
 
 
 def reference_step(device, quick: bool = False):
@@ -139,7 +142,7 @@ def measure(out: Path, device=None, workload: str | None = None, steps: int = 3,
         name = "workload" if workload else "reference"
         got = trace_steps(step, dev, Path(out), name, steps, rank)
     return {"files": [got["file"]], "steps": steps, "device": str(dev), "rank": rank, "model": what,
-            "step_time_s": got["step_time_s"], "step_times_s": got["step_times_s"], "events": got["events"],
+            "step_time_s": got["step_time_s"], "events": got["events"],
             "bytes": got["bytes"], "wall_s": got["wall_s"],
             "backend": _backend()}
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from preflight.bench.baseline import _cpu_attention_mapping
 from preflight.bench.ceilings import matmul_rate
 from preflight.core import hardware
-from preflight.core.device import default_device, device_name, on_device
+from preflight.core.device import default_device, device_name, on_device, torch_fp32_precision
 from preflight.core.records import Method
 from preflight.core.timing import StepTimer, synchronize
 from preflight.core.workload import Workload, samples_in, to_device
@@ -163,7 +163,7 @@ def measure_baseline(wl: Workload, device=None, quick: bool = False) -> dict:
     tokens = wl.tokens_per_sample
     cats = category_table(ops) if ops is not None else None
     name = device_name(dev) if gpu else None
-    precision = hardware.torch_fp32_precision(wl.model)   # TF32 matmuls / cuDNN convolutions: that peak
+    precision = torch_fp32_precision(wl.model)   # TF32 matmuls / cuDNN convolutions: that peak
     peak = hardware.peak_tflops(name, precision["peak_dtype"])
     achieved = flops["counted_per_step"] / step_s
     lower_bound = mem["model_states"] + mem["buffers"] + mem["saved_activations"]

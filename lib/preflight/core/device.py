@@ -221,6 +221,19 @@ def gpu_index(local: int, gpus: int) -> int:
     return local
 
 
+def torch_fp32_precision(model=None) -> dict:
+    """What this process lets fp32 matmuls and convolutions use (torch imported here): the matmul
+    precision setting, cuDNN's TF32 switch, whether ``model`` has convolutions, and the resulting
+    ``peak_dtype`` (``fp32_compute_dtype``). Recorded with every fp32 matmul figure."""
+    import torch
+
+    has_conv = model is not None and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    prec = torch.get_float32_matmul_precision()
+    conv = bool(torch.backends.cudnn.allow_tf32)
+    return {"float32_matmul_precision": prec, "cudnn_allow_tf32": conv, "has_conv": has_conv,
+            "peak_dtype": hardware.fp32_compute_dtype(prec, conv, has_conv)}
+
+
 def on_device(device):
     """Make ``device`` the current CUDA device for the block (CUDA events record on the *current*
     device's stream, so timing ``cuda:1`` while ``cuda:0`` is current would time the wrong GPU)."""
@@ -261,7 +274,6 @@ class BackgroundProbe:
         import json
         import subprocess
 
-
         if self._child is None:
             return probe().as_dict(), versions()
         why = "its reply was not the probe's JSON"
@@ -287,8 +299,6 @@ class BackgroundProbe:
         if self._child is not None and self._child.poll() is None:
             self._child.kill()
             self._child.wait()
-
-
 
 
 def versions() -> dict:

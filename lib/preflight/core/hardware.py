@@ -170,19 +170,6 @@ def fp32_compute_dtype(matmul_precision: str = "highest", conv_tf32: bool = Fals
     return "fp32"
 
 
-def torch_fp32_precision(model=None) -> dict:
-    """What this process lets fp32 matmuls and convolutions use (torch imported here): the matmul
-    precision setting, cuDNN's TF32 switch, whether ``model`` has convolutions, and the resulting
-    ``peak_dtype`` (``fp32_compute_dtype``). Recorded with every fp32 matmul figure."""
-    import torch
-
-    has_conv = model is not None and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    prec = torch.get_float32_matmul_precision()
-    conv = bool(torch.backends.cudnn.allow_tf32)
-    return {"float32_matmul_precision": prec, "cudnn_allow_tf32": conv, "has_conv": has_conv,
-            "peak_dtype": fp32_compute_dtype(prec, conv, has_conv)}
-
-
 def table():
     """The table as a pandas DataFrame (imported lazily: this module stays import-light)."""
     import pandas as pd
