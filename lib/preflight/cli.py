@@ -111,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     eff.add_argument("--mfu-from", metavar="AUDIT",
                      help="take the efficiency from chapter 1's measured MFU in an audit (its folder or findings.json)")
 
+    t = sub.add_parser("traces", help="the five verdicts from a job's torch.profiler traces, one or more per rank")
+    t.add_argument("dir", metavar="DIR", nargs="?", help="folder of the job's traces (*.json, *.json.gz) or their "
+                                                        "per-rank *.summary.json")
+    t.add_argument("--json", action="store_true", help="print the quality table, per-rank figures and findings as JSON")
+    t.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
+    t.add_argument("--gpu", metavar="KEY", help="the chip's key in the hardware table (python -m preflight chips), "
+                                                "where the traces' deviceProperties do not name a known chip")
+    t.add_argument("--jobs", type=_ranged("--jobs", int, 1, 1024, "processes"),
+                   help="files read at once, one process each (1-1024; default: the cores)")
+    t.add_argument("--summarize", metavar="TRACE", help="write TRACE's per-rank summary into --out (one Slurm task "
+                                                        "per node reads its ranks' traces where they are)")
+    t.add_argument("--out", metavar="DIR", help="with --summarize: the folder for <name>.summary.json")
+
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
     v.add_argument("profile")
 
@@ -239,6 +252,42 @@ def cmd_advise(args) -> int:
     return 0
 
 
+def cmd_traces(args) -> int:
+    from preflight.core import hardware
+    from preflight.diagnose.trace_file import TraceError
+
+    if args.gpu and hardware.lookup(args.gpu) is None:
+        _die(f"--gpu = {args.gpu!r}: not in the hardware table; accepted: {', '.join(hardware.CHIPS)}"
+             f"{_did_you_mean(args.gpu, hardware.CHIPS)}")
+    if args.summarize:
+        from preflight.runner.traces import summarize_one
+
+        if args.dir or not args.out:
+            _die("traces --summarize TRACE --out DIR: one trace file and an output folder (no DIR argument)")
+        if not Path(args.summarize).is_file():
+            _die(f"--summarize = {args.summarize!r}: no such file")
+        try:
+            path = summarize_one(Path(args.summarize), Path(args.out))
+        except TraceError as err:
+            _die(str(err))
+        print(f"wrote {path}")
+        return 0
+    if not args.dir:
+        _die("traces: give the folder of the job's traces (DIR), or --summarize TRACE --out DIR")
+    if args.out:
+        _die("traces DIR: --out goes with --summarize only")
+    from preflight.chapters.traces import audit_traces
+    from preflight.runner import traces as R
+
+    try:
+        a = audit_traces(args.dir, args.gpu, args.jobs)
+    except TraceError as err:
+        _die(str(err))
+    findings = R.by_chapter(a)
+    print(R.as_json(a, findings, args.fail_on) if args.json else R.text_report(a, findings), end="\n" if args.json else "")
+    return R.gate(findings, args.fail_on)
+
+
 def cmd_validate(args) -> int:
     import yaml
 
@@ -336,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = args._commands[args.command]
         sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
     try:
-        return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "validate": cmd_validate, "chips": cmd_chips,
+        return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "traces": cmd_traces, "validate": cmd_validate, "chips": cmd_chips,
                 "shards": cmd_shards,
                 "compare": cmd_compare}[args.command](args)
     except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error

@@ -12,7 +12,9 @@ only that. Fields:
 - ``source``    where the number comes from: ``measured on <device>`` or ``computed from profile``;
 - ``noise``     optional, measured values only: the relative spread of the repeats the value was taken
                 from, ``(p90 - p10) / median`` (``preflight compare --fail-on-regression`` ignores a move
-                smaller than it).
+                smaller than it);
+- ``per_rank``  optional, a finding computed on each rank of a job (its traces): every rank's value,
+                ``{"0": 0.12, "1": 0.31, ...}``; ``value`` is then the worst rank's.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class Finding:
     fix: str
     source: str
     noise: float | None = None
+    per_rank: dict[str, float | None] | None = None
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):
@@ -56,6 +59,9 @@ class Finding:
             self.value = float(self.value)
             if not math.isfinite(self.value):    # JSON has no inf/nan: the message says "unbounded"
                 self.value = None
+        if self.per_rank is not None:
+            self.per_rank = {str(k): (None if v is None or not math.isfinite(float(v)) else float(v))
+                             for k, v in self.per_rank.items()}
 
 
 def judge(value: float | None, *, warn: float, fail: float, higher_is_better: bool = True,
