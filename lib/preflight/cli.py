@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = args._commands[args.command]
         sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
     try:
-        return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "traces": cmd_traces, "validate": cmd_validate, "chips": cmd_chips,
+        return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "traces": cmd_traces,
+                "validate": cmd_validate, "chips": cmd_chips,
                 "shards": cmd_shards,
                 "compare": cmd_compare}[args.command](args)
     except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error

@@ -53,8 +53,9 @@ def _worst(per: dict, higher_is_better: bool):
 
 def _source(a: dict) -> str:
     n = len(a["ranks"])
-    miss = len(a["missing"]) + len(a["unreadable"])
-    extra = f"; {miss} rank(s) of {a['world_size']} missing" if a["world_size"] and miss else ""
+    miss, bad = len(a["missing"]), len(a["unreadable"])
+    extra = f"; {miss} of {a['world_size']} ranks missing" if a["world_size"] and miss else ""
+    extra += f"; {bad} file(s) unreadable" if bad else ""
     return f"traces of {n} rank{'s' if n != 1 else ''} in {a['folder']}{extra}"
 
 

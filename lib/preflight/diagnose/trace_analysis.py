@@ -64,7 +64,7 @@ def rank_view(s: dict, gpu_key: str | None = None) -> dict:
     idle0 = data["step_start_idle_ns"]
     out["step_start_idle_ms"] = statistics.fmean(idle0) / 1e6 if idle0 else None
     h2d = data["h2d"]
-    out["pageable_h2d"] = h2d.get("pageable", {}).get("count", 0)
+    out["pageable_h2d"] = h2d.get("pageable", {}).get("count", 0) if g else None
     out["h2d"] = h2d
     out["sync_per_step"] = sum(data["sync_calls"].values()) / nsteps if g or data["sync_calls"] else None
     out["sync_calls"] = data["sync_calls"]
@@ -177,6 +177,9 @@ def quality(job: dict) -> list[dict]:
             why.append("no ProfilerStep: no per-step figures (call prof.step() each step)")
         elif s["window"]["steps_in_trace"] == 1:
             why.append("one step: the window is every event (trace 3 or more steps)")
+        if s["window"].get("unlaunched_in_window"):
+            why.append(f"{s['window']['unlaunched_in_window']} GPU events ran in the window without their launch in the "
+                       "trace: left out, as HTA does (the idle share reads higher than the GPU's)")
         if g and not s["flops"]["ops_counted"]:
             why.append("no shapes: no achieved TFLOP/s (record_shapes=True)")
         if m.get("rank_source") != "distributedInfo":

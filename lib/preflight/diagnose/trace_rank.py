@@ -17,9 +17,16 @@ import numpy as np
 
 from preflight.diagnose.trace_file import SYNC_CALLS, RankEvents
 from preflight.diagnose.trace_kernels import (
-    CLASSES, PEAK_DTYPE, collective_type, dtype_bytes, kernel_class, op_flops, short_dtype)
+    CLASSES,
+    PEAK_DTYPE,
+    collective_type,
+    dtype_bytes,
+    kernel_class,
+    op_flops,
+    short_dtype,
+)
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
 
 
@@ -66,9 +73,12 @@ def window(ev: RankEvents) -> dict:
     steps = ev.steps
     g = ev.gpu
     launch = _launch_ts(ev)
+    unlaunched = 0
     if len(steps) >= 2:
         lo, hi = steps[0]["ts"], steps[-1]["ts"]
-        mask = (launch >= lo) & (launch < hi)
+        known = _launched(ev)
+        mask = known & (launch >= lo) & (launch < hi)
+        unlaunched = int((~known & (g["ts"] >= lo) & (g["ts"] < hi)).sum())
         kept = steps[:-1]
         basis = f"{len(kept)} of {len(steps)} steps ({kept[0]['name']}..{kept[-1]['name']}; the last one is dropped)"
     else:
@@ -76,7 +86,15 @@ def window(ev: RankEvents) -> dict:
         mask = np.ones(len(g["ts"]), bool)
         kept = steps
         basis = "every GPU event (" + ("one step" if steps else "no ProfilerStep") + " in the trace)"
-    return {"steps": kept, "cpu_lo": lo, "cpu_hi": hi, "mask": mask, "launch": launch, "basis": basis}
+    return {"steps": kept, "cpu_lo": lo, "cpu_hi": hi, "mask": mask, "launch": launch, "basis": basis,
+            "unlaunched": unlaunched}
+
+
+def _launched(ev: RankEvents) -> np.ndarray:
+    """Which GPU events have their launching runtime call in the trace."""
+    if not len(ev.runtime["corr"]):
+        return np.zeros(len(ev.gpu["corr"]), bool)
+    return np.isin(ev.gpu["corr"], ev.runtime["corr"]) & (ev.gpu["corr"] >= 0)
 
 
 def _launch_ts(ev: RankEvents) -> np.ndarray:
@@ -111,7 +129,7 @@ def summarize(ev: RankEvents) -> dict:
                    dtype=object)
     out = {"version": SUMMARY_VERSION, "meta": dict(ev.meta), "events": ev.events,
            "window": {"basis": w["basis"], "steps": len(w["steps"]), "steps_in_trace": len(ev.steps),
-                      "gpu_events": int(m.sum())},
+                      "gpu_events": int(m.sum()), "unlaunched_in_window": w["unlaunched"]},
            "steps": [{"name": s["name"], "dur_ns": s["dur"]} for s in w["steps"]],
            "step_names": [s["name"] for s in ev.steps],
            "gpu": _gpu(ts, end, cls, streams, launch, names) if len(ts) else None,
