@@ -11,10 +11,11 @@ import pytest
 
 from conftest import REPO
 from preflight.chapters import traces as T
+from preflight.diagnose.intervals import union
 from preflight.diagnose.trace_file import TraceError, read_trace
 from preflight.diagnose.trace_job import read_job
 from preflight.diagnose.trace_kernels import collective_type, kernel_class, op_flops
-from preflight.diagnose.trace_rank import summarize, union
+from preflight.diagnose.trace_rank import summarize
 
 PY = sys.executable
 H100 = "NVIDIA H100 80GB HBM3"
@@ -168,7 +169,9 @@ def test_flops_from_recorded_shapes_give_mfu_against_the_chips_peak(tmp_path):
     assert v["chip"] == "H100-SXM" and v["peak_dtype"] == "bf16"
     assert v["tflops"] == pytest.approx(2 * 4096 ** 3 / 1.6e-3 / 1e12)
     assert v["mfu"] == pytest.approx(v["tflops"] / 989.5)
-    assert rank_view(s, gpu_key="A100-SXM")["peak_tflops"] == 312.0
+    assert rank_view(s, gpu_key="A100-SXM")["chip"] == "H100-SXM"        # the trace's own device first
+    s["meta"]["devices"] = []
+    assert rank_view(s, gpu_key="A100-SXM")["peak_tflops"] == 312.0       # --gpu where the trace names none
 
 
 def test_op_flops_follow_torch_flop_counter():

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-cell execution timeout, s (10-86400)")
     a.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
     a.add_argument("--results", help="folder of measurement records (JSON) to use instead of measuring")
+    a.add_argument("--traces", metavar="DIR", help="your job's torch.profiler traces (one file or more per rank): "
+                                                   "their findings join each chapter's")
     a.add_argument("--quick", action="store_true", help="smallest measurement sizes (smoke test)")
     a.add_argument("--playbook", help=argparse.SUPPRESS)  # tests: another notebook folder
 
@@ -160,6 +162,16 @@ def cmd_audit(args) -> int:
         results = Path(args.results).resolve()     # notebooks run in playbook/: make it absolute
         if not results.is_dir():
             _die(f"--results = {args.results!r}: not a folder of measurement records")
+    traces = None
+    if args.traces:        # read (and cached) before anything is written: a bad folder exits 2 here
+        from preflight.chapters.traces import audit_traces
+        from preflight.diagnose.trace_file import TraceError
+
+        traces = Path(args.traces).resolve()
+        try:
+            audit_traces(traces, None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
+        except TraceError as err:
+            _die(f"--traces: {err}")
     out = Path(args.out) if args.out else Path("reports") / profile.project
     if out.exists() and not out.is_dir():
         _die(f"--out = {args.out!r}: exists and is not a folder")
@@ -178,7 +190,7 @@ def cmd_audit(args) -> int:
     try:
         summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
                                   playbook=playbook, plan_only=args.plan_only, results_dir=results,
-                                  timeout_s=args.timeout, quick=args.quick, workload=workload)
+                                  timeout_s=args.timeout, quick=args.quick, workload=workload, traces_dir=traces)
     except FindingsError as err:    # a chapter emitted something outside the contract: a bug, not input
         print(f"error: the report was not written: {err}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
+traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
 
 # %%
 print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
@@ -445,6 +446,29 @@ prediction = None       # your answer
 
 # %%
 check(EX["model_states"], prediction, reveal=not interactive)
+
+# %% [markdown]
+# ## Your job's traces
+#
+# Everything above measures a model Preflight runs itself. A team that already trains at scale has
+# better evidence: a few steps of `torch.profiler` on every rank of its real job (schedule `wait=1,
+# warmup=1, active=3`, `record_shapes=True`, `prof.step()` each step). Set `traces_dir` to that folder
+# (one file or more per rank); left empty, the embedded example job is shown (two ranks of a 128-GPU
+# job, from Holistic Trace Analysis's test data).
+#
+# The window is HTA's: every `ProfilerStep` but the last, and the GPU work launched in them. **GPU
+# idle** is the share of the GPU's span with no kernel, copy or memset running; *host-bound* idle means
+# the GPU waited for the CPU to launch the next kernel (small kernels, Python overhead: `torch.compile`,
+# CUDA graphs, a larger micro-batch), *queued* means work was waiting on something else
+# (synchronisation, another device). Where the trace recorded shapes, the matmul, convolution and
+# attention FLOPs give the achieved TFLOP/s and MFU against the chip's dense peak. The trace-quality
+# table says what each file can support, and why not. The command line gives the same verdicts in
+# seconds: `python -m preflight traces DIR`.
+
+# %%
+from preflight.runner.trace_section import show_traces
+
+job_traces = show_traces(ch, traces_dir)
 
 # %% [markdown]
 # ## Findings of this chapter

@@ -32,6 +32,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
+traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
 data_dir = ""           # folder ON THE STORAGE TO TEST (default: the profile's data.scratch_dir, else .cache/)
 files = 20000           # small files to generate (quick: 2,000)
 shard_size = "8MB"      # shard size of the demo (the advice for real data: 200-500 MB)
@@ -263,6 +264,22 @@ prediction = None       # your answer
 
 # %%
 check(EX["workers"], prediction, reveal=not interactive)
+
+# %% [markdown]
+# ## Your job's traces
+#
+# In a real job's trace, a starved pipeline shows as time in `DataLoader.__next__` inside each step
+# (the training loop waiting for the next batch), as GPU idle at the start of each step, and as
+# **pageable** host-to-device copies (`Memcpy HtoD (Pageable -> Device)`: the batch was not in pinned
+# memory, so the copy is staged and blocks the host). Synchronising calls per step
+# (`cudaStreamSynchronize`, `cudaDeviceSynchronize`: `.item()`, `.cpu()`, printing a loss) stall the
+# host until the GPU drains. Set `traces_dir` (chapter 1 explains how to record the traces); empty shows
+# the embedded example job.
+
+# %%
+from preflight.runner.trace_section import show_traces
+
+job_traces = show_traces(ch, traces_dir)
 
 # %% [markdown]
 # ## Findings of this chapter

@@ -30,6 +30,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
+traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
 
 # %%
 print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
@@ -345,6 +346,22 @@ prediction = None       # your answer
 
 # %%
 check(EX["time"], prediction, reveal=not interactive)
+
+# %% [markdown]
+# ## Your job's traces
+#
+# The trace answers this chapter's question directly: how much of the communication kernels' time ran
+# **under** compute kernels (overlap), and how much of the window the GPU spent communicating with
+# nothing else to do (exposed communication: the time overlap did not hide). Per collective type: its
+# count, bytes (`In msg nelems` x the element size), group size and an effective bus bandwidth that is
+# a *lower bound* (a collective's kernel also waits for its slowest peer). A collective on the compute
+# stream cannot overlap anything, and is flagged. NCCL (`ncclKernel_*`, `ncclDevKernel_*` since NCCL
+# 2.19) and RCCL kernels are read. Set `traces_dir`; empty shows the embedded example job.
+
+# %%
+from preflight.runner.trace_section import show_traces
+
+job_traces = show_traces(ch, traces_dir)
 
 # %% [markdown]
 # ## Findings of this chapter

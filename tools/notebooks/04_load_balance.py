@@ -26,6 +26,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
+traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
 
 # %%
 print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
@@ -332,6 +333,22 @@ prediction = None       # your answer
 
 # %%
 check(EX["bubble_m"], prediction, reveal=not interactive)
+
+# %% [markdown]
+# ## Your job's traces
+#
+# Across ranks, without trusting the hosts' clocks: each collective is found on every rank of its
+# group (process group and sequence number, else group, type and order). Its **shortest** copy is the
+# transfer itself; the rest, on each rank, is time spent **waiting for the last peer**. The rank whose
+# copy is the shortest arrived last: counted over the collectives, it names the straggler. Beside it,
+# the spread of step times and the compute imbalance (the busiest rank's compute per step over the
+# mean). Set `traces_dir` to a folder with several ranks' traces; empty shows the embedded example
+# (two ranks that talk to other ranks by send/recv only, so nothing is matched there).
+
+# %%
+from preflight.runner.trace_section import show_traces
+
+job_traces = show_traces(ch, traces_dir)
 
 # %% [markdown]
 # ## Findings of this chapter

@@ -35,6 +35,7 @@ results_dir = ""        # folder of recorded measurements (e.g. from your cluste
 out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
+traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
 shared_dir = ""         # the "shared" file system for checkpoints (default: data.scratch_dir, else .cache/)
 
 # %%
@@ -372,6 +373,18 @@ prediction = None       # your answer
 # %%
 if "interval" in EX:
     check(EX["interval"], prediction, reveal=not interactive)
+
+# %% [markdown]
+# ## Your job's traces
+#
+# A trace of a few steps cannot show checkpointing, resume or what a failure costs: this chapter's
+# verdicts come from the profile and its measurements above, and the trace section says so rather than
+# guess. Set `traces_dir` to see the job's traces named here too.
+
+# %%
+from preflight.runner.trace_section import show_traces
+
+job_traces = show_traces(ch, traces_dir)
 
 # %% [markdown]
 # ## Findings of this chapter

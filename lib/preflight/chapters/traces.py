@@ -88,7 +88,9 @@ def baseline(a: dict) -> list[Finding]:
     out.append(_judged("baseline/trace_mfu", a, "mfu", "fraction", MFU_WARN, MFU_FAIL, True, "{:.0%}",
                        lambda x, r: (f"{num(v[r]['tflops'])} TFLOP/s achieved over the window, {pct(x)} of "
                                      f"{v[r]['chip']}'s dense {v[r]['peak_dtype']} peak ({num(v[r]['peak_tflops'])} "
-                                     "TFLOP/s), counted from the recorded shapes of matmul, conv and attention ops"),
+                                     "TFLOP/s), counted from the recorded shapes of matmul, conv and attention ops"
+                                     + ("" if v[r]["chip_source"] == "trace" else
+                                        f"; the chip is {v[r]['chip_source']}, the trace does not name it")),
                        "Profile the largest kernels (chapter 1's op table); raise the matmul share before scaling.",
                        next((x["mfu_why"] for x in v.values() if x.get("mfu_why")), "no FLOPs")))
     return out
@@ -158,7 +160,7 @@ def load_balance(a: dict) -> list[Finding]:
         val = c["step_spread"]
         verdict, words = judge(val, warn=SPREAD_WARN, fail=SPREAD_FAIL, higher_is_better=False, fmt="{:.0%}")
         out.append(Finding(id="load_balance/trace_step_spread", value=val, unit="fraction", verdict=verdict,
-                           threshold=words, source=src, per_rank=_per_rank(a, "step_ms"),
+                           threshold=words, source=src,
                            message=f"mean step time differs by {pct(val)} across ranks (slowest: rank "
                                    f"{c['slowest_step_rank']}, {num(v[c['slowest_step_rank']]['step_ms'])} ms)",
                            fix="Nothing to fix here." if verdict == "pass" else
@@ -167,7 +169,7 @@ def load_balance(a: dict) -> list[Finding]:
         val = c["compute_imbalance"]
         verdict, words = judge(val, warn=IMBALANCE_WARN, fail=IMBALANCE_FAIL, higher_is_better=False, fmt="{:.2f}x")
         out.append(Finding(id="load_balance/trace_compute_imbalance", value=val, unit="x", verdict=verdict,
-                           threshold=words, source=src, per_rank=_per_rank(a, "compute_ms_per_step"),
+                           threshold=words, source=src, per_rank=c["compute_vs_mean"],
                            message=f"the busiest rank ({c['busiest_rank']}) computes {num(val)}x the mean per step",
                            fix="Nothing to fix here." if verdict == "pass" else
                            "Balance the work: length bucketing (padding), stage partition by profiled layer time."))

@@ -31,7 +31,8 @@ def _div(a, b):
 
 
 def rank_view(s: dict, gpu_key: str | None = None) -> dict:
-    """The shares of one rank's summary."""
+    """The shares of one rank's summary. The chip is the one the trace's ``deviceProperties`` name,
+    else ``gpu_key`` (a hardware-table key: ``traces --gpu``, or the audit profile's GPU)."""
     g, data, comm, fl = s.get("gpu"), s["data"], s["comm"], s["flops"]
     steps = [x["dur_ns"] for x in s["steps"]]
     step_ns = statistics.fmean(steps) if steps else None
@@ -50,8 +51,10 @@ def rank_view(s: dict, gpu_key: str | None = None) -> dict:
                 "compute_ms_per_step": g["compute_ns"] / 1e6 / nsteps,
                 "class_ms": {c: v["ns"] / 1e6 for c, v in g["classes"].items()}}
     # achieved FLOP/s over the GPU's span, against the dense peak of the dtype carrying most FLOPs
-    chip_key = gpu_key or next((hardware.lookup(d).name for d in s["meta"]["devices"] if hardware.lookup(d)), None)
+    own = next((hardware.lookup(d).name for d in s["meta"]["devices"] if hardware.lookup(d)), None)
+    chip_key = own or gpu_key
     out["chip"] = chip_key
+    out["chip_source"] = "trace" if own else ("the one named by --gpu or the profile" if gpu_key else None)
     out["device_names"] = s["meta"]["devices"]
     dtype = max(fl["by_peak_dtype"], key=fl["by_peak_dtype"].get) if fl["by_peak_dtype"] else None
     peak = hardware.peak_tflops(chip_key, dtype) if chip_key and dtype else None
@@ -151,7 +154,9 @@ def analyze(job: dict, gpu_key: str | None = None) -> dict:
         cross["slowest_step_rank"] = max(steps, key=steps.get)
     comp = {r: v["compute_ms_per_step"] for r, v in views.items() if v.get("compute_ms_per_step")}
     if len(comp) >= 2:
-        cross["compute_imbalance"] = max(comp.values()) / statistics.fmean(comp.values())
+        mean = statistics.fmean(comp.values())
+        cross["compute_imbalance"] = max(comp.values()) / mean
+        cross["compute_vs_mean"] = {str(r): c / mean for r, c in comp.items()}
         cross["busiest_rank"] = max(comp, key=comp.get)
     if len(ranks) >= 2:
         cw = collective_wait(ranks)
@@ -162,7 +167,7 @@ def analyze(job: dict, gpu_key: str | None = None) -> dict:
             v["arrived_last"] = cw["last"][r]
     return {"folder": job["folder"], "world_size": job["world_size"], "missing": job["missing"],
             "unreadable": job["unreadable"], "notes": job["notes"], "ranks": views, "cross": cross,
-            "quality": quality(job)}
+            "quality": quality(job), "summaries": ranks}
 
 
 def quality(job: dict) -> list[dict]:

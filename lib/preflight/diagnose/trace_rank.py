@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from preflight.diagnose.intervals import before, both, length, union
 from preflight.diagnose.trace_file import SYNC_CALLS, RankEvents
 from preflight.diagnose.trace_kernels import (
     CLASSES,
@@ -26,44 +27,8 @@ from preflight.diagnose.trace_kernels import (
     short_dtype,
 )
 
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
-
-
-# --- intervals -------------------------------------------------------------------------------------------
-
-def union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals [s, e) as sorted, disjoint intervals."""
-    if len(s) == 0:
-        return s.astype(np.int64), e.astype(np.int64)
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > reach[:-1]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
-def _before(u, x: np.ndarray) -> np.ndarray:
-    """For each x, the length of the union ``u`` before x (vectorised)."""
-    s, e = u
-    if len(s) == 0:
-        return np.zeros(len(x), np.int64)
-    cum = np.concatenate([[0], np.cumsum(e - s)])
-    i = np.searchsorted(s, x, side="right")          # intervals starting at or before x: [0, i)
-    j = np.maximum(i - 1, 0)
-    part = np.where(i > 0, np.clip(np.minimum(x, e[j]) - s[j], 0, None), 0)
-    return cum[j] + part
-
-
-def length(u) -> int:
-    return int((u[1] - u[0]).sum())
-
-
-def both(a, b) -> int:
-    """Time in both of two unions."""
-    return length(a) + length(b) - length(union(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])))
 
 
 # --- the window --------------------------------------------------------------------------------------------
@@ -135,8 +100,41 @@ def summarize(ev: RankEvents) -> dict:
            "gpu": _gpu(ts, end, cls, streams, launch, names) if len(ts) else None,
            "flops": _flops(ev, w),
            "data": _data(ev, w, ts, end, names, cats, args, launch),
-           "comm": _comm(ts, end, cls, streams, names, args, ev, w)}
+           "comm": _comm(ts, end, cls, streams, names, args, ev, w),
+           "timeline": _timeline(w, ts, end, cls, launch)}
     return out
+
+
+TIMELINE_INTERVALS = 300          # per lane: enough for a picture, kilobytes in the summary
+
+
+def _timeline(w, ts, end, cls, launch) -> dict | None:
+    """The first step of the window as lanes of busy intervals (ns from the step's first GPU event):
+    compute (matmul and memory-bound kernels), communication, copies; the smallest gaps merged so each
+    lane keeps at most ``TIMELINE_INTERVALS`` intervals."""
+    if not len(ts):
+        return None
+    sel = np.ones(len(ts), bool)
+    name = "window"
+    if w["steps"]:
+        s = w["steps"][0]
+        sel = (launch >= s["ts"]) & (launch < s["ts"] + s["dur"])
+        name = s["name"]
+    if not sel.any():
+        return None
+    t0, t1 = int(ts[sel].min()), int(end[sel].max())
+    lanes = {}
+    for lane, pick in (("compute", (cls == "matmul") | (cls == "memory")), ("communication", cls == "comm"),
+                       ("copies", cls == "copy")):
+        u0, u1 = union(ts[sel & pick] - t0, end[sel & pick] - t0)
+        if len(u0) > TIMELINE_INTERVALS:
+            gaps = u0[1:] - u1[:-1]
+            cut = np.partition(gaps, -(TIMELINE_INTERVALS - 1))[-(TIMELINE_INTERVALS - 1)]
+            keep = np.concatenate([[True], gaps >= cut])
+            idx = np.flatnonzero(keep)
+            u0, u1 = u0[idx], np.maximum.reduceat(u1, idx)
+        lanes[lane] = [[int(a), int(b)] for a, b in zip(u0, u1)]
+    return {"step": name, "span_ns": t1 - t0, "lanes": lanes}
 
 
 def _gpu(ts, end, cls, streams, launch, names) -> dict:
@@ -166,7 +164,7 @@ def _gpu(ts, end, cls, streams, launch, names) -> dict:
         rest = union(ts[streams != main], end[streams != main])
         a, b, k = gap_s[pos], gap_e[pos], nxt[pos]
         hb = launch[k] >= a
-        cov = _before(rest, b) - _before(rest, a)
+        cov = before(rest, b) - before(rest, a)
         sidle = {"host": int((b - a)[hb].sum()), "other_stream": int(cov[~hb].sum()),
                  "other": int((b - a - cov)[~hb].sum())}
     by = {c: {"ns": int((end - ts)[cls == c].sum()), "count": int((cls == c).sum())} for c in CLASSES}
@@ -287,7 +285,7 @@ def _comm(ts, end, cls, streams, names, args, ev, w) -> dict:
     return {"by_type": by, "collectives": colls}
 
 
-_DESCRIPTIVE = {"main_stream", "group", "basis", "side", "version"}
+_DESCRIPTIVE = {"main_stream", "group", "basis", "side", "version", "timeline"}
 
 
 def merge(parts: list[dict]) -> dict:

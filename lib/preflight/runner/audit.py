@@ -133,15 +133,26 @@ def check_workload(profile: Profile, profile_path: Path, *, plan_only: bool = Fa
         raise AuditInputError(f"{err} (profile {profile_path}, field workload.entry)") from None
 
 
+def _traces_summary(traces_dir: Path, profile: Profile) -> dict:
+    """The report's trace-quality table and the job's facts (the traces are cached: read once by the CLI)."""
+    from preflight.chapters.traces import audit_traces
+
+    a = audit_traces(traces_dir, None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
+    return {"folder": a["folder"], "world_size": a["world_size"], "ranks": sorted(a["ranks"]),
+            "missing": a["missing"], "unreadable": a["unreadable"], "notes": a["notes"], "quality": a["quality"]}
+
+
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print,
-              workload: dict | None = None, executor: str = "auto") -> dict:
+              workload: dict | None = None, executor: str = "auto", traces_dir: Path | None = None) -> dict:
     """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
     Paths must be absolute: the notebooks run with the playbook folder as working directory.
     ``workload``: what ``check_workload`` saw (the report's header names it). ``executor``: ``auto``
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
-    ``inprocess`` (plan-only audits only, refused otherwise)."""
+    ``inprocess`` (plan-only audits only, refused otherwise). ``traces_dir``: the job's profiler traces,
+    whose findings each chapter adds (its "your job's traces" section) and whose quality table the
+    report shows."""
     from preflight.core.device import BackgroundProbe, probe, versions
     from preflight.runner import inprocess
 
@@ -167,7 +178,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     (out_dir / "notebooks").mkdir(exist_ok=True)
     params = {"profile_path": str(profile_path), "plan_only": plan_only,
               "results_dir": str(results_dir) if results_dir else "", "out_dir": str(out_dir),
-              "quick": quick, "interactive": False}
+              "quick": quick, "interactive": False} | ({"traces_dir": str(traces_dir)} if traces_dir else {})
     started = time.perf_counter()
     runs: list[ChapterRun] = []
     started_kernels: list = []   # managers of the kernels started (kernels.stop ends them)
@@ -217,6 +228,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             "chapters": [{k: v for k, v in asdict(r).items() if k != "findings"} | {
                 "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
             "findings": [f | {"chapter": r.number} for r in runs for f in r.findings],
+            "traces": _traces_summary(traces_dir, profile) if traces_dir else None,
         }
         _publish(summary, out_dir)
         published = True

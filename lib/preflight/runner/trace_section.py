@@ -1,0 +1,118 @@
+"""Each chapter notebook's "your job's traces" section: the job's own ``torch.profiler`` traces read
+into this chapter's verdicts, with the per-rank table and the pictures.
+
+    tr = show_traces(ch, traces_dir)       # traces_dir "" -> the embedded example (data/traces/example)
+
+With ``traces_dir`` given (the audit's ``--traces DIR``), the chapter's trace findings join its
+findings (and the report); the embedded example is shown for learning only and adds none. A folder
+that cannot be read gets one clear box naming it and the command that checks it, not a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from preflight import REPO
+from preflight.chapters import traces as T
+from preflight.core.numfmt import num, pct
+from preflight.diagnose.trace_file import TraceError
+from preflight.reporting import trace_charts
+
+EXAMPLE_TRACES = REPO / "data" / "traces" / "example"
+
+
+def _share(x):
+    return "n/a" if x is None else pct(x)
+
+
+def _ms(x):
+    return "n/a" if x is None else num(x)
+
+
+def _rows(a: dict, chapter: str) -> pd.DataFrame:
+    rows = []
+    for r, v in sorted(a["ranks"].items()):
+        base = {"rank": r}
+        if chapter == "baseline":
+            cm = v.get("class_ms") or {}
+            rows.append(base | {"GPU idle": _share(v.get("idle")), "host-bound": _share(v.get("idle_host")),
+                                "queued": _share(v.get("idle_other")), "compute": _share(v.get("compute")),
+                                "matmul ms": _ms(cm.get("matmul")), "memory-bound ms": _ms(cm.get("memory")),
+                                "communication ms": _ms(cm.get("comm")), "copies ms": _ms(cm.get("copy")),
+                                "TFLOP/s": _ms(v.get("tflops")), "MFU": _share(v.get("mfu"))})
+        elif chapter == "data_pipeline":
+            h = v.get("h2d") or {}
+            rows.append(base | {"step ms": _ms(v.get("step_ms")), "loader ms/step": _ms(v.get("loader_ms_per_step")),
+                                "loader share": _share(v.get("loader_share")),
+                                "GPU idle at step start ms": _ms(v.get("step_start_idle_ms")),
+                                "pageable H2D": h.get("pageable", {}).get("count", 0),
+                                "pinned H2D": h.get("pinned", {}).get("count", 0),
+                                "syncs/step": _ms(v.get("sync_per_step"))})
+        elif chapter == "communication":
+            kinds = ", ".join(f"{k} x{c['count']}" for k, c in (v.get("collectives") or {}).items())
+            rows.append(base | {"communication ms": _ms(v.get("comm_ms")), "overlapped": _share(v.get("overlap")),
+                                "exposed (of window)": _share(v.get("exposed_comm")), "collectives": kinds or "none",
+                                "on compute stream": v.get("comm_on_compute_stream", 0)})
+        elif chapter == "load_balance":
+            rows.append(base | {"step ms": _ms(v.get("step_ms")), "compute ms/step": _ms(v.get("compute_ms_per_step")),
+                                "waiting in collectives": _share(v.get("wait_share")),
+                                "arrived last": v.get("arrived_last", "n/a")})
+    return pd.DataFrame(rows)
+
+
+def _scroll_table(df: pd.DataFrame) -> None:
+    from IPython.display import HTML, display
+
+    from preflight.reporting.tables import frame_html
+
+    display(HTML(f"<div style='max-height:360px; overflow:auto'>{frame_html(df)}</div>"))
+
+
+def quality_frame(a: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"rank": "?" if q["rank"] is None else q["rank"], "file": q["file"],
+                          "GPU events": q["gpu_events"], "steps": q["steps"],
+                          "supports": ", ".join(q["supports"]) or "nothing",
+                          "limits": "; ".join(q["limits"]) or "none"} for q in a["quality"]])
+
+
+def show_traces(ch, traces_dir: str = "", jobs: int | None = None) -> dict | None:
+    """This chapter's view of the traces in ``traces_dir`` (see the module's docstring); returns the
+    analysis (``preflight.diagnose.trace_analysis.analyze``), or None when the folder cannot be read."""
+    from IPython.display import Markdown, display
+
+    folder = Path(traces_dir) if traces_dir else EXAMPLE_TRACES
+    mine = bool(traces_dir)
+    gpu = ch.profile.cluster.gpu if mine and ch.profile.cluster.gpu != "auto" else None
+    try:
+        a = T.audit_traces(folder, gpu_key=gpu, jobs=jobs)
+    except TraceError as e:
+        where = f" (relative to {Path.cwd()})" if not folder.is_absolute() else ""
+        ch.note(f"traces_dir = '{traces_dir}'{where} could not be read: {e}. Check the folder with "
+                f"`python -m preflight traces {folder}`.")
+        return None
+    who = "your job" if mine else "the embedded example job (two ranks of a 128-GPU job; set traces_dir for yours)"
+    display(Markdown(f"**Traces of {who}:** {len(a['ranks'])} rank(s) read from `{folder}`"
+                     + (f" of world size {a['world_size']}" if a["world_size"] else "") + "."))
+    if ch.name == "baseline":
+        display(Markdown("Trace quality: what each file can support, and why not."))
+        _scroll_table(quality_frame(a))
+    table = _rows(a, ch.name)
+    if not table.empty:
+        _scroll_table(table)
+    summaries = a.get("summaries") or {}
+    if ch.name == "baseline" and summaries:
+        chart = trace_charts.step_timeline(summaries, {r: v.get("idle") for r, v in a["ranks"].items()})
+        if chart is not None:
+            ch.show("trace_timeline", chart)
+    if ch.name == "load_balance" and len(a["ranks"]) > 1:
+        chart = trace_charts.rank_strip(a["ranks"])
+        if chart is not None:
+            ch.show("trace_ranks", chart)
+    found = T.findings(a, ch.name)
+    if mine:
+        for f in found:
+            ch.findings.add(**asdict(f))
+    ch.table(pd.DataFrame([asdict(f) for f in found])[["id", "value", "unit", "verdict", "message"]])
+    return a
