@@ -374,3 +374,118 @@ def test_real_two_rank_job_names_the_late_rank_and_the_slow_loader(tmp_path):
     assert all(v > 0.05 for v in loader["per_rank"].values())
     assert f["baseline/trace_gpu_idle"]["verdict"] == "info"        # a CPU trace: no GPU verdict, said so
     assert res["quality"][0]["limits"][0].startswith("no GPU events")
+
+
+# --- the README's commands, as written ------------------------------------------------------------------
+
+def _readme_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("## Your job's own traces: `traces`", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_traces_block_as_written(tmp_path):
+    import re
+    import shlex
+
+    block = re.findall(r"```bash\n(.*?)```", _readme_section(), re.S)[0]
+    lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in block.splitlines() if ln.strip()]
+    assert len(lines) == 4
+    (tmp_path / "data").symlink_to(REPO / "data")
+    env = {**os.environ, "PREFLIGHT_CACHE": str(tmp_path / "cache")}
+    codes = []
+    for ln in lines:
+        cmd, _, redirect = ln.partition(" > ")
+        argv = [PY if a == "python" else a for a in shlex.split(cmd)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        if redirect:
+            (tmp_path / redirect.strip()).write_text(r.stdout)
+        codes.append(r.returncode)
+        assert r.returncode in (0, 1), (ln, r.stderr[-2000:])
+    assert codes == [0, 0, 1, 0]                             # the example job fails: exposed communication
+    out = json.loads((tmp_path / "traces.json").read_text())   # the --json line's output, read back
+    assert out["ranks_read"] == [0, 1] and out["world_size"] == 128
+    assert {f["id"] for f in out["findings"]} >= {"baseline/trace_gpu_idle", "data_pipeline/trace_pageable_h2d",
+                                                  "communication/trace_comm_overlap", "communication/trace_exposed_comm"}
+    summary = json.loads((tmp_path / "reports/traces-demo/findings.json").read_text())
+    ids = {f["id"]: f for f in summary["findings"]}
+    assert ids["communication/trace_exposed_comm"]["per_rank"].keys() == {"0", "1"}
+    assert ids["communication/trace_exposed_comm"]["value"] == pytest.approx(
+        next(f for f in out["findings"] if f["id"] == "communication/trace_exposed_comm")["value"])
+    assert [q["file"] for q in summary["traces"]["quality"]] == ["rank-0.json.gz", "rank-1.json.gz"]
+    page = (tmp_path / "reports/traces-demo/index.html").read_text()
+    assert "Your job's traces" in page and "trace_timeline" in " ".join(
+        p.name for p in (tmp_path / "reports/traces-demo/charts").iterdir())
+
+
+def test_readme_recording_recipe_makes_traces_that_read(tmp_path, monkeypatch):
+    import re
+
+    import torch
+
+    code = re.findall(r"```python\n(.*?)```", _readme_section(), re.S)[0]
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(batch):
+        model(batch).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    loader = torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=4)
+    monkeypatch.chdir(tmp_path)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # CUDA activity asked for on a CPU build
+        exec(code, {"loader": loader, "train_step": train_step})
+    r = cli(tmp_path / "traces", "--json", env={"PREFLIGHT_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ranks"]["0"]["steps"] == 2                  # active 3, the last one left out
+    assert out["quality"][0]["limits"][0].startswith("no GPU events")
+
+
+def test_advise_takes_the_median_rank_mfu_of_a_trace_audit(tmp_path):
+    from preflight.chapters.advisor import measured_efficiency
+
+    rows = [{"id": "baseline/trace_mfu", "value": 0.3, "unit": "fraction", "verdict": "fail",
+             "message": "1 TFLOP/s achieved over the window, 30% of ...", "per_rank": {"0": 0.3, "1": 0.5, "2": 0.4}}]
+    (tmp_path / "t.json").write_text(json.dumps({"folder": "job/", "findings": rows, "quality": []}))
+    eff, source = measured_efficiency(tmp_path / "t.json")
+    assert eff == pytest.approx(0.4) and "median of 3 rank(s)" in source and "job/" in source
+    rows[0]["per_rank"] = {"0": 0.001}
+    (tmp_path / "t.json").write_text(json.dumps({"folder": "job/", "findings": rows, "quality": []}))
+    with pytest.raises(ValueError, match="outside the accepted"):
+        measured_efficiency(tmp_path / "t.json")
+
+
+def test_compare_two_trace_audits_before_and_after_a_fix(tmp_path):
+    """The late rank fixed: the wait finding passes in the second audit, and compare says so."""
+    before = _ranks_with_a_late_one(tmp_path / "before")
+    after = tmp_path / "after"
+    after.mkdir()
+    for r in range(3):
+        t = three_steps(rank=r, world=3)
+        for i, ts in enumerate((300, 1300)):
+            t.kernel("ncclDevKernel_Generic", ts, 100, stream=20, **{"Collective name": "allreduce", "Seq": i,
+                                                                      "Process Group Name": "0", "Group size": 3})
+        t.write(after / f"trace_rank{r}.json.gz")
+    env = {**os.environ, "PREFLIGHT_CACHE": str(tmp_path / "cache")}
+    for name, d in (("before", before), ("after", after)):
+        r = subprocess.run([PY, "-m", "preflight", "audit", str(REPO / "data/profiles/example.yaml"), "--plan-only",
+                            "--chapters", "4", "--traces", str(d), "--out", str(tmp_path / f"rep-{name}")],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([PY, "-m", "preflight", "compare", str(tmp_path / "rep-before"), str(tmp_path / "rep-after")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "load_balance/trace_collective_wait" in ln)
+    assert "fail" in line and "pass" in line
+
+
+def test_audit_refuses_a_bad_traces_folder_before_writing(tmp_path):
+    r = subprocess.run([PY, "-m", "preflight", "audit", str(REPO / "data/profiles/example.yaml"), "--plan-only",
+                        "--traces", str(tmp_path / "nowhere"), "--out", str(tmp_path / "rep")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--traces" in r.stderr and "no such folder" in r.stderr
+    assert not (tmp_path / "rep").exists()

@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "where the traces' deviceProperties do not name a known chip")
     t.add_argument("--jobs", type=_ranged("--jobs", int, 1, 1024, "processes"),
                    help="files read at once, one process each (1-1024; default: the cores)")
-    t.add_argument("--summarize", metavar="TRACE", help="write TRACE's per-rank summary into --out (one Slurm task "
-                                                        "per node reads its ranks' traces where they are)")
+    t.add_argument("--summarize", metavar="TRACE", nargs="+", help="write each TRACE's per-rank summary into --out "
+                                                                   "(one Slurm task per node reads its ranks' traces "
+                                                                   "where they are: slurm/trace_summaries.sbatch)")
     t.add_argument("--out", metavar="DIR", help="with --summarize: the folder for <name>.summary.json")
 
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
@@ -272,17 +273,18 @@ def cmd_traces(args) -> int:
         _die(f"--gpu = {args.gpu!r}: not in the hardware table; accepted: {', '.join(hardware.CHIPS)}"
              f"{_did_you_mean(args.gpu, hardware.CHIPS)}")
     if args.summarize:
-        from preflight.runner.traces import summarize_one
+        from preflight.runner.traces import summarize_many
 
         if args.dir or not args.out:
-            _die("traces --summarize TRACE --out DIR: one trace file and an output folder (no DIR argument)")
-        if not Path(args.summarize).is_file():
-            _die(f"--summarize = {args.summarize!r}: no such file")
+            _die("traces --summarize TRACE [TRACE ...] --out DIR: trace files and an output folder (no DIR argument)")
+        missing = [f for f in args.summarize if not Path(f).is_file()]
+        if missing:
+            _die(f"--summarize = {missing[0]!r}: no such file")
         try:
-            path = summarize_one(Path(args.summarize), Path(args.out))
+            paths = summarize_many([Path(f) for f in args.summarize], Path(args.out), args.jobs)
         except TraceError as err:
             _die(str(err))
-        print(f"wrote {path}")
+        print(f"wrote {len(paths)} summar{'y' if len(paths) == 1 else 'ies'} into {args.out}")
         return 0
     if not args.dir:
         _die("traces: give the folder of the job's traces (DIR), or --summarize TRACE --out DIR")

@@ -166,8 +166,12 @@ def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tu
         raise ValueError(f"--mfu-from = {str(audit)!r}: not an audit's findings.json ({type(err).__name__}: "
                          f"{err})") from None
     f = found.get("baseline/mfu")
+    t = found.get("baseline/trace_mfu")
+    if (f is None or f.get("value") is None) and t is not None and t.get("value") is not None:
+        return _trace_efficiency(audit, path, summary, t)
     if f is None or f.get("value") is None:
         why = f["message"] if f else "no baseline/mfu finding (chapter 1 did not run)"
+        why += f"; baseline/trace_mfu: {t['message']}" if t else ""
         raise ValueError(f"--mfu-from = {str(audit)!r}: no MFU from chapter 1 there ({why}); MFU needs a "
                          "measure-mode audit on a GPU with a datasheet peak (or pass --efficiency)")
     value = float(f["value"])
@@ -181,6 +185,21 @@ def measured_efficiency(audit: str | Path, profile: Profile | None = None) -> tu
     other = (profile is not None and machine.get("table_key") and profile.cluster.gpu not in ("auto", machine["table_key"]))
     return value, (f"chapter 1's measured MFU of {what} on {on} ({path}, {str(summary.get('date', ''))[:10]})"
                    + (f"; measured on {machine['table_key']}, planned for {profile.cluster.gpu}" if other else ""))
+
+
+def _trace_efficiency(audit, path: Path, summary: dict, f: dict) -> tuple[float, str]:
+    """The MFU a job's traces show (``baseline/trace_mfu``), from ``traces --json`` or ``audit --traces``:
+    the median over the ranks (the finding's value is the worst rank's, the one a verdict judges)."""
+    import statistics
+
+    per = [v for v in (f.get("per_rank") or {}).values() if v is not None] or [float(f["value"])]
+    value = statistics.median(per)
+    if not usable_efficiency(value):
+        raise ValueError(f"--mfu-from = {str(audit)!r}: baseline/trace_mfu = {value:g} (median of {len(per)} ranks), "
+                         f"outside the accepted {EFFICIENCY_RANGE[0]:g}-{EFFICIENCY_RANGE[1]:g} of the peak")
+    folder = (summary.get("traces") or {}).get("folder") or summary.get("folder") or path
+    return value, (f"the MFU your job's traces show, the median of {len(per)} rank(s) ({folder}; "
+                   f"{f['message'].split(',')[0]} on the worst rank)")
 
 
 def advise(profile: Profile, *, batch: int | None = None, efficiency: float | None = None,

@@ -27,14 +27,27 @@ def by_chapter(a: dict) -> dict[int, list[dict]]:
     return {c.number: [asdict(f) for f in T.findings(a, c.name)] for c in CHAPTERS}
 
 
-def summarize_one(trace: Path, out: Path) -> Path:
-    """``traces --summarize``: one trace's summary written to ``out/<name>.summary.json``."""
-    s = summarize_file(trace)
+def summarize_many(traces: list[Path], out: Path, jobs: int | None = None) -> list[Path]:
+    """``traces --summarize``: each trace's summary as ``out/<name>.summary.json``, ``jobs`` files read at
+    once. Every file is read before anything is written: one bad file exits 2 with nothing written."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(traces)))
+    if jobs == 1:
+        got = [summarize_file(p) for p in traces]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            got = list(pool.map(summarize_file, traces))
     out.mkdir(parents=True, exist_ok=True)
-    stem = trace.name.removesuffix(".gz").removesuffix(".json")
-    path = out / f"{stem}{SUMMARY_SUFFIX}"
-    atomic_write_text(path, json.dumps(s))
-    return path
+    paths, used = [], set()
+    for trace, s in zip(traces, got):
+        stem = trace.name.removesuffix(".gz").removesuffix(".json")
+        if stem in used:                      # the same name in two folders (node1/rank0.json, node2/...)
+            stem = f"{stem}.{s['meta']['sha256'][:12]}"
+        used.add(stem)
+        paths.append(atomic_write_text(out / f"{stem}{SUMMARY_SUFFIX}", json.dumps(s), fsync=False))
+    return paths
 
 
 def as_json(a: dict, findings: dict[int, list[dict]], fail_on: str | None) -> str:
