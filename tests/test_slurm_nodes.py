@@ -260,3 +260,25 @@ def test_walltime_requeue_on_two_nodes(cluster, tmp_path, tmp_path_factory, caps
     _save(tmp_path_factory, "slurm_nodes_requeue", result)
     _report(capsys, f"walltime requeue on 2 Slurm nodes: round trip {round_trip:.0f} s, {len(allocs)} allocations, "
                     f"requeue gaps {result['requeue_gap_s']} s, stopped at steps {result['stop_steps']}")
+
+
+def test_trace_summaries_read_where_the_traces_are(cluster, tmp_path, tmp_path_factory, capsys):
+    """The README's line: one task per node reads its share of the job's traces into per-rank
+    summaries; `traces` on the summaries gives the verdicts it gives on the traces themselves."""
+    import shutil
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for p in (REPO / "data" / "traces" / "example").glob("*.json.gz"):
+        shutil.copy(p, traces / p.name)
+    lines, jobs_s = run_lines(cluster, tmp_path, "trace_summaries.sbatch")
+    out = next(tmp_path.glob("preflight-traces-*.out")).read_text()
+    assert "task 0 on n1: 1 of 2 trace files" in out and "task 1 on n2: 1 of 2 trace files" in out, out
+    summaries = sorted(p.name for p in (tmp_path / "results" / "trace-summaries").iterdir())
+    assert summaries == ["rank-0.summary.json", "rank-1.summary.json"], summaries
+    merged = json.loads(run_cli("traces", "results/trace-summaries/", "--json", cwd=tmp_path).stdout)
+    direct = json.loads(run_cli("traces", "traces/", "--json", cwd=tmp_path).stdout)
+    strip = (lambda fs: [{k: v for k, v in f.items() if k != "source"} for f in fs])
+    assert strip(merged["findings"]) == strip(direct["findings"]) and merged["ranks_read"] == [0, 1]
+    _save(tmp_path_factory, "slurm_nodes_traces", {"jobs_s": round(jobs_s, 1)})
+    _report(capsys, f"trace summaries on 2 Slurm nodes: {len(summaries)} ranks in {jobs_s:.0f} s")
