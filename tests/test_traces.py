@@ -489,3 +489,15 @@ def test_audit_refuses_a_bad_traces_folder_before_writing(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--traces" in r.stderr and "no such folder" in r.stderr
     assert not (tmp_path / "rep").exists()
+
+
+def test_a_thousand_ranks_stay_readable():
+    """Charts draw the best, median and worst rank; the table holds all of them."""
+    from preflight.reporting.trace_charts import pick_ranks, strip_frame
+
+    views = {r: {"idle": (r * 37 % 1024) / 1024, "wait_share": None, "loader_share": r / 2048} for r in range(1024)}
+    best, med, worst = pick_ranks({r: v["idle"] for r, v in views.items()})
+    assert views[best]["idle"] == 0 and views[worst]["idle"] == max(v["idle"] for v in views.values())
+    df = strip_frame(views, {"idle": "GPU idle", "wait_share": "wait", "loader_share": "loader"})
+    assert len(df) == 6 and set(df["metric"]) == {"GPU idle", "loader"}
+    assert df["who"].str.startswith(("best", "median", "worst")).all()

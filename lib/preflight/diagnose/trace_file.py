@@ -84,12 +84,26 @@ def _keep(e: dict) -> bool:
             or ("DataLoader" in name and "__next__" in name) or name in FLOP_OPS)
 
 
+_GPU_ARGS = ("bytes", "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+             "Process Group Name", "Seq", "Sequence number")
+
+
 def _hook(d: dict):
-    """Called for every JSON object, innermost first: drop each event no verdict reads."""
+    """Called for every JSON object, innermost first: drop each event no verdict reads, and hold the many
+    GPU and runtime events as short tuples rather than dicts (most of the memory a big trace takes)."""
     ph = d.get("ph")
     if ph is None:                  # args, deviceProperties, distributedInfo, the top level
         return d
-    return d if ph == "X" and _keep(d) else None
+    if ph != "X" or not _keep(d):
+        return None
+    cat = d.get("cat")
+    args = d.get("args") or {}
+    if cat in RUNTIME_CATS:
+        return ("R", d.get("name", ""), d.get("ts"), d.get("dur", 0), args.get("correlation", -1))
+    if cat in GPU_CATS:
+        return ("G", cat, d.get("name", ""), d.get("ts"), d.get("dur", 0), args.get("stream", d.get("tid", -1)),
+                args.get("correlation", -1), {k: args[k] for k in _GPU_ARGS if k in args})
+    return d
 
 
 def load_json(path: Path) -> dict:
@@ -98,6 +112,9 @@ def load_json(path: Path) -> dict:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
+        raw = raw.decode("utf-8")          # decoded once here, the bytes freed (json would decode a copy)
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not JSON (not UTF-8 text: {e})") from None
     except (OSError, EOFError, zlib.error) as e:
         raise TraceError(f"{path}: not a readable gzip file ({type(e).__name__}: {e}); a trace is *.json or "
                          "*.json.gz as torch.profiler writes it (a truncated copy?)") from None
@@ -108,6 +125,21 @@ def load_json(path: Path) -> dict:
     if not isinstance(top, dict) or not isinstance(top.get("traceEvents"), list):
         raise TraceError(f"{path}: JSON without a 'traceEvents' list: not a torch.profiler / Kineto trace")
     return top
+
+
+def _int(v) -> int:
+    """A stream or correlation id: an int, or -1 where it is not one (ROCm writes streams as "0x0")."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return int(v, 16) if isinstance(v, str) and v.startswith("0x") else -1
+
+
+def _trim(*cols) -> None:
+    """Columns appended in step: cut back to the shortest (an event that failed half-way)."""
+    n = min(len(c) for c in cols)
+    for c in cols:
+        del c[n:]
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -145,20 +177,23 @@ def read_trace(path: str | Path) -> RankEvents:
     for e in evs:
         if e is None:
             continue
-        cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
         try:
+            if type(e) is tuple:
+                if e[0] == "G":
+                    _, cat, name, ts, dur, stream, corr, args = e
+                    g_ts.append(_ns(ts)), g_dur.append(_ns(dur)), g_stream.append(_int(stream))
+                    g_corr.append(_int(corr)), g_name.append(name), g_cat.append(cat), g_args.append(args)
+                else:
+                    _, name, ts, dur, corr = e
+                    r_ts.append(_ns(ts)), r_dur.append(_ns(dur)), r_corr.append(_int(corr)), r_name.append(name)
+                continue
+            cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
             ts, dur = _ns(e["ts"]), _ns(e.get("dur", 0))
         except (KeyError, TypeError, ValueError, ArithmeticError):
+            _trim(g_ts, g_dur, g_stream, g_corr, g_name, g_cat, g_args)
+            _trim(r_ts, r_dur, r_corr, r_name)
             continue                                   # an event without a time says nothing we can use
-        if cat in GPU_CATS:
-            g_ts.append(ts), g_dur.append(dur), g_stream.append(int(args.get("stream", e.get("tid", -1)) or -1))
-            g_corr.append(int(args.get("correlation", -1))), g_name.append(name), g_cat.append(cat)
-            g_args.append({k: args[k] for k in ("bytes", "Collective name", "In msg nelems", "Out msg nelems",
-                                                "Group size", "dtype", "Process Group Name", "Seq",
-                                                "Sequence number") if k in args})
-        elif cat in RUNTIME_CATS:
-            r_ts.append(ts), r_dur.append(dur), r_corr.append(int(args.get("correlation", -1))), r_name.append(name)
-        elif str(cat).startswith("gpu_"):
+        if str(cat).startswith("gpu_"):
             continue                                   # GPU-side copies of annotations (gpu_user_annotation)
         elif name.startswith("ProfilerStep#"):
             out.steps.append({"name": name, "ts": ts, "dur": dur})

@@ -15,7 +15,8 @@ different steps (successive profiling cycles of one run, summed). A file that ca
 the other ranks are still judged, and the job's verdicts say which ranks are missing. Nothing readable
 at all, or an inconsistent job, raises :class:`TraceError` (the command exits 2, writing nothing).
 
-Each file is read in its own process (``jobs`` at a time) and its summary cached by the file's content
+Each file is read in its own process (``jobs`` at a time; in this one when the folder holds less than
+32 MB of traces and ``jobs`` is not given) and its summary cached by the file's content
 (SHA-256) under ``$PREFLIGHT_CACHE`` (default ``~/.cache/preflight/traces``): a second audit of the same
 traces reads kilobytes.
 """
@@ -33,6 +34,7 @@ from preflight.diagnose.trace_file import TraceError, find_traces, rank_from_nam
 from preflight.diagnose.trace_rank import SUMMARY_VERSION, merge, summarize
 
 SUMMARY_SUFFIX = ".summary.json"
+SMALL_BYTES = 32 * 1024 * 1024     # compressed trace bytes read in this process when --jobs is not given
 
 
 def cache_dir() -> Path:
@@ -109,7 +111,8 @@ def read_job(folder: str | Path, jobs: int | None = None, use_cache: bool = True
         raise TraceError(f"{folder}: no trace in it (expected *.json or *.json.gz as torch.profiler writes them, "
                          f"or per-rank *{SUMMARY_SUFFIX})")
     got, unreadable = [read_summary(p) for p in summaries], []
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(files)))
+    small = sum(p.stat().st_size for p in files) < SMALL_BYTES        # a process costs more than reading them
+    jobs = max(1, min(jobs or (1 if small else os.cpu_count() or 1), len(files)))
     if jobs == 1 or len(files) == 1:
         results = [_one(str(p), use_cache) for p in files]
         _progress(len(files), len(files))

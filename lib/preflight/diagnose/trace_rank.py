@@ -27,7 +27,7 @@ from preflight.diagnose.trace_kernels import (
     short_dtype,
 )
 
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
 
 

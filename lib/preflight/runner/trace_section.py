@@ -77,6 +77,24 @@ def quality_frame(a: dict) -> pd.DataFrame:
                           "limits": "; ".join(q["limits"]) or "none"} for q in a["quality"]])
 
 
+def _pipeline_note(ch, a: dict) -> None:
+    """Ranks that send and receive between pipeline stages: their GPU idle beside the bubble the
+    profile's schedule predicts, (p - 1) / (v m + p - 1)."""
+    from preflight.models.pipeline import bubble_fraction
+
+    stages = {r: v.get("idle") for r, v in a["ranks"].items() if v.get("send_recv")}
+    if not stages:
+        return
+    t = ch.profile.training
+    v = t.interleave if t.pipeline_schedule == "interleaved" else 1
+    idle = ", ".join(f"rank {r}: {_share(x)}" for r, x in sorted(stages.items())[:16])
+    formula = (f"the profile's pp = {t.pp}, m = {t.microbatches}{f', v = {v}' if v > 1 else ''} predicts a bubble "
+               f"of {pct(bubble_fraction(t.pp, t.microbatches, v))}" if t.pp > 1 else "the profile plans no pipeline")
+    ch.note(f"Ranks that send/receive between stages (pipeline parallelism): GPU idle {idle}"
+            f"{' ...' if len(stages) > 16 else ''}; {formula}. Idle well above the formula is time the schedule "
+            "does not explain: stage imbalance (partition by profiled layer time) or waiting on data.")
+
+
 def show_traces(ch, traces_dir: str = "", jobs: int | None = None) -> dict | None:
     """This chapter's view of the traces in ``traces_dir`` (see the module's docstring); returns the
     analysis (``preflight.diagnose.trace_analysis.analyze``), or None when the folder cannot be read."""
@@ -106,6 +124,8 @@ def show_traces(ch, traces_dir: str = "", jobs: int | None = None) -> dict | Non
         chart = trace_charts.step_timeline(summaries, {r: v.get("idle") for r, v in a["ranks"].items()})
         if chart is not None:
             ch.show("trace_timeline", chart)
+    if ch.name == "load_balance":
+        _pipeline_note(ch, a)
     if ch.name == "load_balance" and len(a["ranks"]) > 1:
         chart = trace_charts.rank_strip(a["ranks"])
         if chart is not None:

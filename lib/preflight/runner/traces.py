@@ -67,7 +67,7 @@ def quality_lines(a: dict, limit: int = 8) -> list[str]:
     shown = rows if len(rows) <= limit else rows[: limit - 1] + [r for r in rows if r["rank"] is None][:1]
     for r in shown:
         rank = "-" if r["rank"] is None else r["rank"]
-        lines.append(f"  rank {rank:>4}  {r['file']}: {num(r['events'] or 0)} events kept, "
+        lines.append(f"  rank {rank:>4}  {r['file']}: {num(r['events'] or 0)} events, "
                      f"{r['gpu_events'] or 0} GPU events, {r['steps'] or 0} steps in the window; "
                      f"supports {', '.join(r['supports']) or 'nothing'}")
         for why in r["limits"]:
