@@ -164,7 +164,7 @@ def analyze(job: dict, gpu_key: str | None = None) -> dict:
         for r, v in views.items():
             base = (v["span_ms"] if v.get("span_ms") else (v["step_ms"] or 0) * v["steps"]) * 1e6
             v["wait_share"] = cw["wait_ns"][r] / base if base and cw["matched"] else None
-            v["arrived_last"] = cw["last"][r]
+            v["arrived_last"] = cw["last"][r] if cw["matched"] else None
     return {"folder": job["folder"], "world_size": job["world_size"], "missing": job["missing"],
             "unreadable": job["unreadable"], "notes": job["notes"], "ranks": views, "cross": cross,
             "quality": quality(job), "summaries": ranks}

@@ -241,12 +241,12 @@ def _data(ev, w, ts, end, names, cats, args, launch) -> dict:
 
 
 def _coll_bytes(a: dict, kind: str) -> int | None:
+    """Bytes a collective moves as nccl-tests counts them: the input (a reduce-scatter reduces all of it,
+    each rank keeping 1/n), the output for an all-gather."""
     size = dtype_bytes(a.get("dtype"))
     n = a.get("In msg nelems")
     if size is None or not isinstance(n, int):
         return None
-    if kind == "reduce_scatter" and isinstance(a.get("In msg nelems"), int):
-        return n * size              # the whole input is reduced; each rank keeps 1/n
     if kind == "all_gather" and isinstance(a.get("Out msg nelems"), int):
         return int(a["Out msg nelems"]) * size
     return n * size
