@@ -227,6 +227,7 @@ def cmd_advise(args) -> int:
     from preflight.chapters import advisor
     from preflight.chapters.memory_plan import capacity_bytes
     from preflight.core.profile import ProfileError, load_profile
+    from preflight.models.throughput import MFU_CONVENTION as T_MFU
 
     try:
         profile = load_profile(args.profile)
@@ -252,7 +253,11 @@ def cmd_advise(args) -> int:
         _die(str(err))
     if args.json:
         shown = [c for c in result["candidates"] if c["fits"]][:args.top] or result["candidates"][:1]
-        print(json.dumps(shown, indent=1))
+        print(json.dumps({"plan": result["plan"], "candidates": shown, "fitting": result["fitting"],
+                          "layouts": len(result["candidates"]), "global_batch": result["global_batch"],
+                          "efficiency": result["efficiency"], "efficiency_modelled": result["efficiency_modelled"],
+                          "efficiency_source": result["efficiency_source"], "mfu_convention": T_MFU,
+                          "not_modelled": result["not_modelled"]}, indent=1))
     else:
         print(advisor.text_report(profile, result, args.top), end="")
     if result["no_fit"]:

@@ -375,19 +375,20 @@ MP.add_validation_finding(ch.findings, memm)
 #
 # A verdict says the plan fails; the next question is which plan would pass and be fastest. The
 # advisor (`python -m preflight advise PROFILE`, `preflight.chapters.advisor`) asks the chapters' own models:
-# it enumerates every layout the cluster allows (tp dividing a node's GPUs and the heads, pp dividing
-# the layers, dp the rest, the framework's ZeRO stages, recompute none / selective / full, sequence
-# parallelism, micro-batch sizes and counts that keep the global batch, interleaving), keeps those
-# whose memory passes section 7's verdict, and ranks them by predicted tokens/s per GPU: the FLOPs at
-# an efficiency (this chapter's measured MFU when there is one, else a stated 60 %), the bubble, the
-# exposed tensor-, pipeline- and data-parallel communication, recompute's extra forward.
+# it enumerates every layout the cluster and the framework allow (tp dividing a node's GPUs and the
+# heads, pp dividing the layers, dp the rest, the framework's ZeRO stages and recompute policies,
+# sequence parallelism, micro-batch sizes and counts that keep the global batch, interleaving), keeps
+# those whose memory fits the GPU, and ranks them by predicted tokens/s per GPU: the FLOPs at an
+# efficiency (this chapter's measured MFU when there is one, else a GEMM efficiency model by chip and
+# shape), the bubble, the exposed tensor-, pipeline- and data-parallel communication (per layer for
+# ZeRO-3 / FSDP), recompute's extra forward. Your own plan is always placed in that ranking, with what
+# the best layout changes and which part of the step it shrinks.
 #
-# Read the ranking as a shortlist to measure, not an answer: the step model leaves out kernel shapes
-# (a small tp slice runs below the efficiency), the network's congestion and the framework's
-# overheads. On four published runs (Megatron-LM 146B, 530B and 1T, Llama 3 405B) the published
-# tp x pp x micro-batch is its first or second choice, and its predicted share of the peak is within 2.2
-# points of Megatron-LM's and 8.6 below Llama 3's (`docs/advisor-validation.md` says why). The
-# sliders show how the order moves: with faster
+# Read the ranking as a shortlist to measure, not an answer: the model leaves out power caps, the
+# network's congestion and the framework's overheads. On 34 published runs (Megatron-LM, Megatron-Core,
+# MosaicML, torchtitan, DeepSpeed ZeRO-3) its tokens/s per GPU is within 4.8 % of the published figure
+# at the median and within 20 % on 30 of them (`docs/advisor-validation.md` shows each run and says why
+# it ranks some layouts above the published ones). The sliders show how the order moves: with faster
 # kernels the communication has less compute to hide behind; a team that cannot run deep pipelines or
 # full sharding sees what it costs.
 

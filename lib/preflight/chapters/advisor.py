@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 from preflight.chapters import memory_plan as MP
+from preflight.chapters.advisor_text import label, own_plan, table, text_report, why_faster  # noqa: F401  (the public surface)
 from preflight.chapters.load_balance import BUBBLE_FAIL, BUBBLE_WARN
 from preflight.core import hardware
 from preflight.core.findings import judge
@@ -36,9 +38,14 @@ from preflight.models import throughput as T
 from preflight.models.pipeline import bubble_fraction
 from preflight.models.states import STAGES
 
-MICRO_BATCH_SIZES = (1, 2, 4, 8)
-INTERLEAVES = (2, 4)
-RECOMPUTE = ("none", "selective", "full")
+MICRO_BATCH_MAX = 16                 # micro-batch sizes: every divisor of a replica's batch up to this
+INTERLEAVE_MAX = 16                  # model chunks per device (Megatron's virtual pipeline size)
+# The recompute policies each framework has: Megatron's selective (core attention) and full;
+# DeepSpeed's activation checkpointing (full layers); torchtitan's op-level selective and full (FSDP2).
+RECOMPUTE = ("none", "selective", "op_selective", "full")
+FRAMEWORK_RECOMPUTE = {"megatron": ("none", "selective", "full"), "deepspeed": ("none", "full"),
+                       "fsdp2": ("none", "op_selective", "full")}
+TIE_BAND = 0.01                      # layouts this close in predicted tokens/s rank by memory headroom
 GLOBAL_BATCH_MAX = 10_000_000
 TOP_MAX = 1000
 
@@ -53,22 +60,37 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _recompute(profile: Profile) -> tuple[str, ...]:
+    """The framework's recompute policies; Megatron's selective only where attention is unfused (with
+    flash attention it recomputes nothing: FlashAttention already recomputes the scores)."""
+    rcs = FRAMEWORK_RECOMPUTE[profile.training.framework]
+    return tuple(r for r in rcs if not (r == "selective" and profile.model.attention == "flash"))
+
+
+def supported(framework: str, zero_stage: int, pp: int) -> bool:
+    """Whether the framework runs this combination: DeepSpeed's pipeline engine takes ZeRO-1 at most."""
+    return not (framework == "deepspeed" and pp > 1 and zero_stage >= 2)
+
+
 def layouts(profile: Profile, batch: int):
-    """Every ``throughput.Layout`` the cluster and the model allow for a global batch of ``batch``."""
+    """Every ``throughput.Layout`` the cluster, the model and the framework allow for a global batch of
+    ``batch``."""
     m, c, t = profile.model, profile.cluster, profile.training
     gpus = profile.gpus
     tps = [x for x in _divisors(c.gpus_per_node) if m.n_heads % x == 0 and m.n_kv_heads % x == 0]
+    rcs = _recompute(profile)
     for tp, pp in itertools.product(tps, _divisors(m.layers)):
         if gpus % (tp * pp):
             continue
         dp = gpus // (tp * pp)
-        for mbs in MICRO_BATCH_SIZES:
-            if batch % (dp * mbs):
-                continue
+        if batch % dp:
+            continue
+        for mbs in [d for d in _divisors(batch // dp) if d <= MICRO_BATCH_MAX]:
             mb = batch // (dp * mbs)
-            vs = [1] + [v for v in INTERLEAVES if pp > 1 and m.layers % (pp * v) == 0 and mb % pp == 0]
-            for z, rc, sp, v in itertools.product(STAGES[t.framework], RECOMPUTE, (False, True), vs):
-                if sp and tp == 1:
+            vs = [1] + [v for v in range(2, INTERLEAVE_MAX + 1)
+                        if pp > 1 and m.layers % (pp * v) == 0 and mb % pp == 0]
+            for z, rc, sp, v in itertools.product(STAGES[t.framework], rcs, (False, True), vs):
+                if (sp and tp == 1) or not supported(t.framework, z, pp):
                     continue
                 yield T.Layout(tp=tp, pp=pp, dp=dp, zero_stage=z, activation_recompute=rc, sequence_parallel=sp,
                                micro_batch_size=mbs, microbatches=mb, interleave=v)
@@ -81,7 +103,23 @@ def _cluster(profile: Profile, gpu_key: str | None) -> T.Cluster:
                          "name a GPU of `python -m preflight chips`")
     c = profile.cluster
     return T.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node, intra_node_GBps=c.intra_node_GBps,
-                     inter_node_Gbps=c.inter_node_Gbps, nics_per_node=profile.nics_per_node)
+                     inter_node_Gbps=c.inter_node_Gbps, nics_per_node=profile.nics_per_node, chip=gpu_key)
+
+
+def overlap(profile: Profile) -> T.Overlap:
+    """The profile's overlap switches, each left empty taking the framework's default
+    (``throughput.framework_overlap``)."""
+    t = profile.training
+    d = T.framework_overlap(t.framework)
+    pick = (lambda mine, default: default if mine is None else mine)
+    return T.Overlap(tp_comm=pick(t.tp_comm_overlap, d.tp_comm), grad_reduce=pick(t.overlap_grad_reduce, d.grad_reduce),
+                     param_gather=pick(t.overlap_param_gather, d.param_gather))
+
+
+def _model(profile: Profile) -> T.Model:
+    m = profile.model
+    return T.Model(params=m.params, layers=m.layers, hidden=m.hidden, seq_len=m.seq_len, vocab=m.vocab,
+                   ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash")
 
 
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
@@ -92,10 +130,10 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
                       schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave)
 
 
-def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float) -> dict:
-    return T.step_time(lay, params=profile.model.params, layers=profile.model.layers, hidden=profile.model.hidden,
-                       seq_len=profile.model.seq_len, cluster=cluster, efficiency=efficiency,
-                       grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s).as_dict()
+def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None) -> dict:
+    return T.step_time(lay, model=_model(profile), cluster=cluster, efficiency=efficiency,
+                       grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s,
+                       overlap=overlap(profile), framework=profile.training.framework).as_dict()
 
 
 def evaluate(profile: Profile, lay: T.Layout, capacity: float, cluster: T.Cluster, efficiency: float) -> dict:
@@ -105,12 +143,12 @@ def evaluate(profile: Profile, lay: T.Layout, capacity: float, cluster: T.Cluste
     mem_v, _ = judge(ratio, warn=MP.FIT_WARN, fail=MP.FIT_FAIL, higher_is_better=False)
     bub = bubble_fraction(lay.pp, lay.microbatches, lay.interleave)
     bub_v, _ = judge(bub, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False)
-    return {**dict(lay.__dict__), "memory_per_gpu_bytes": mem, "memory_ratio": ratio, "fits": ratio <= MP.FIT_WARN,
+    return {**dict(lay.__dict__), "memory_per_gpu_bytes": mem, "memory_ratio": ratio, "fits": ratio <= MP.FIT_FAIL,
             **_step(profile, lay, cluster, efficiency), "bubble_fraction": bub,
             "verdicts": {"baseline/memory_fits": mem_v, "load_balance/bubble_fraction": bub_v}}
 
 
-def at_efficiency(profile: Profile, result: dict, efficiency: float, gpu_key: str | None = None) -> list[dict]:
+def at_efficiency(profile: Profile, result: dict, efficiency: float | None, gpu_key: str | None = None) -> list[dict]:
     """``result``'s fitting candidates (from :func:`advise`) re-timed and re-ranked at another efficiency:
     memory does not depend on it, the ranking can (a faster kernel leaves less compute to hide the
     communication behind). For the chapter's slider; the same step model as ``advise``."""
@@ -119,12 +157,12 @@ def at_efficiency(profile: Profile, result: dict, efficiency: float, gpu_key: st
                   key=_rank_key)
 
 
-def retime(profile: Profile, c: dict, efficiency: float, gpu_key: str | None = None) -> dict:
+def retime(profile: Profile, c: dict, efficiency: float | None, gpu_key: str | None = None) -> dict:
     """Candidate ``c`` with its step re-timed at ``efficiency`` (its memory and verdicts unchanged)."""
     return _retimed(profile, c, _cluster(profile, _gpu_key(profile, gpu_key)), efficiency)
 
 
-def _retimed(profile: Profile, c: dict, cluster: T.Cluster, efficiency: float) -> dict:
+def _retimed(profile: Profile, c: dict, cluster: T.Cluster, efficiency: float | None) -> dict:
     return c | _step(profile, T.Layout(**{k: c[k] for k in T.Layout.__dataclass_fields__}), cluster, efficiency)
 
 
@@ -217,8 +255,8 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
     if capacity is None:
         raise ValueError("cluster.gpu = 'auto': name the GPU (or set cluster.gpu_memory_GB) to plan its memory")
     source = efficiency_source or "--efficiency" if efficiency is not None else (
-        "the stated default; measure yours: chapter 1's MFU on a GPU, then advise --mfu-from")
-    efficiency = T.DEFAULT_EFFICIENCY if efficiency is None else efficiency
+        "the GEMM efficiency model, calibrated on published runs (docs/advisor-validation.md); measure "
+        "yours: chapter 1's MFU on a GPU, then advise --mfu-from")
     cluster = _cluster(profile, gpu_key)
     cands = [evaluate(profile, lay, capacity, cluster, efficiency) for lay in layouts(profile, batch)]
     if not cands:
@@ -228,33 +266,79 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
                          "sizes, e.g. a multiple of " + str(profile.gpus))
     fitting = sorted((c for c in cands if c["fits"]), key=_rank_key)
     rest = sorted((c for c in cands if not c["fits"]), key=lambda c: c["memory_ratio"])
-    return {"candidates": fitting + rest, "fitting": len(fitting), "global_batch": batch, "efficiency": efficiency,
-            "efficiency_source": source, "capacity": capacity,
+    ranked = fitting + rest
+    if efficiency is None:          # per layout, from its shapes: say the top one's
+        source = f"{source}; {ranked[0]['efficiency']:.0%} for the top layout"
+    return {"candidates": ranked, "fitting": len(fitting), "global_batch": batch,
+            "efficiency": ranked[0]["efficiency"] if efficiency is None else efficiency,
+            "efficiency_modelled": efficiency is None, "efficiency_source": source, "capacity": capacity,
+            "plan": plan_entry(profile, ranked, len(fitting), capacity, cluster, efficiency),
+            "not_modelled": not_modelled(profile),
             "no_fit": None if fitting else no_fit(profile, rest[0], capacity, batch)}
 
 
+def plan_entry(profile: Profile, ranked: list[dict], fitting: int, capacity: float, cluster: T.Cluster,
+               efficiency: float | None) -> dict:
+    """The profile's own plan as a candidate (evaluated even where the enumeration does not hold it: an
+    interleaving or micro-batch the search skips), with its rank among the fitting layouts and the gap
+    to the best: ``gap_to_best`` = best tokens/s over the plan's - 1."""
+    t = profile.training
+    lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
+                   sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
+                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1)
+    c = evaluate(profile, lay, capacity, cluster, efficiency)
+    mine = _rank_key(c)
+    faster = sum(_rank_key(x) < mine for x in ranked[:fitting])          # ranked as advise ranks
+    best = ranked[0]["tokens_per_s_per_gpu"] if fitting else None
+    return c | {"rank": faster + 1 if c["fits"] else None, "of": fitting,
+                "gap_to_best": (best / c["tokens_per_s_per_gpu"] - 1) if best else None,
+                "why_best": why_faster(ranked[0], c) if best else None}
+
+
+def evaluate_plan(profile: Profile, efficiency: float | None = None, gpu_key: str | None = None) -> dict:
+    """The profile's own plan alone (no search): its step, memory and verdicts. For the published-runs
+    check and the widgets."""
+    gpu_key = _gpu_key(profile, gpu_key)
+    capacity, _ = MP.capacity_bytes(profile)
+    t = profile.training
+    lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
+                   sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
+                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1)
+    return evaluate(profile, lay, capacity, _cluster(profile, gpu_key), efficiency)
+
+
+def not_modelled(profile: Profile) -> list[str]:
+    """What the step model cannot see in this plan, said rather than guessed."""
+    out = ["context parallelism, mixture-of-experts and fp8 are not in the profile yet: a run that uses "
+           "them is not predicted here"]
+    if profile.training.scaling == "strong":
+        out.append("strong scaling: the advisor ranks layouts at the profile's global batch")
+    return out
+
+
 def _rank_key(c: dict) -> tuple:
-    """Fastest first; among equally fast layouts (to 4 digits) the simpler one: lower ZeRO stage, less
-    recompute, no sequence parallelism, no interleaving, then the one with more memory left."""
-    return (-float(f"{c['tokens_per_s_per_gpu']:.4g}"), c["zero_stage"], RECOMPUTE.index(c["activation_recompute"]),
-            c["sequence_parallel"], c["interleave"], c["memory_ratio"])
+    """Fastest first, in steps of ``TIE_BAND`` (1 %: inside any step model's error, so a tie), broken
+    toward memory headroom (the plan that survives a longer sequence or a larger batch), then the
+    simpler one: lower ZeRO stage, less recompute, no sequence parallelism, no interleaving."""
+    return (-math.floor(math.log(c["tokens_per_s_per_gpu"]) / math.log1p(TIE_BAND)), round(c["memory_ratio"], 2),
+            c["zero_stage"], RECOMPUTE.index(c["activation_recompute"]), c["sequence_parallel"], c["interleave"])
 
 
 def no_fit(profile: Profile, closest: dict, capacity: float, batch: int) -> dict:
     """Why nothing fits, and what would: the closest layout's shortfall (bytes over 90 % of the GPU), the
     smallest GPU of the hardware table that would hold it, and the fewest nodes (doubling) with a fit."""
-    need = closest["memory_per_gpu_bytes"] / MP.FIT_WARN
+    need = closest["memory_per_gpu_bytes"] / MP.FIT_FAIL
     chips = sorted((c for c in hardware.CHIPS.values() if c.memory_GB * MP.GiB >= need), key=lambda c: c.memory_GB)
     nodes = None
     for k in (2, 4, 8, 16):
         bigger = profile.model_copy(update={"cluster": profile.cluster.model_copy(
             update={"nodes": profile.cluster.nodes * k})})
         big_batch = batch * k if batch % global_batch(profile) == 0 else batch
-        if any(M.total_bytes(memory_plan(bigger, lay)) / capacity <= MP.FIT_WARN
+        if any(M.total_bytes(memory_plan(bigger, lay)) / capacity <= MP.FIT_FAIL
                for lay in layouts(bigger, big_batch)):
             nodes = profile.cluster.nodes * k
             break
-    return {"closest": closest, "shortfall_bytes": closest["memory_per_gpu_bytes"] - MP.FIT_WARN * capacity,
+    return {"closest": closest, "shortfall_bytes": closest["memory_per_gpu_bytes"] - MP.FIT_FAIL * capacity,
             "larger_gpu": chips[0].name if chips else None, "nodes_that_fit": nodes,
             "uses_full_recompute": closest["activation_recompute"] == "full"}
 
@@ -286,81 +370,3 @@ def write_profile(profile: Profile, lay: dict, out: Path) -> Path:
               f"predicted {lay['tokens_per_s_per_gpu']:.4g} tokens/s per GPU, MFU {lay['mfu']:.1%}.\n")
     atomic_write_text(out, header + yaml.safe_dump(d, sort_keys=False))
     return out
-
-
-def label(c: dict) -> str:
-    """One layout in one line: ``tp=2 pp=1 dp=512 ZeRO-1 rc=selective sp mbs=1 m=1``."""
-    return (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero_stage']} rc={c['activation_recompute']}"
-            + (" sp" if c["sequence_parallel"] else "") + f" mbs={c['micro_batch_size']} m={c['microbatches']}"
-            + (f" v={c['interleave']}" if c["interleave"] > 1 else ""))
-
-
-def own_plan(profile: Profile, candidates: list[dict]) -> dict | None:
-    """The candidate that is the profile's own plan (None if the enumeration does not hold it)."""
-    t = profile.training
-    mine = (t.tp, t.pp, t.zero_stage, t.activation_recompute, t.sequence_parallel, t.micro_batch_size,
-            t.interleave if t.pipeline_schedule == "interleaved" else 1)
-    return next((x for x in candidates if (x["tp"], x["pp"], x["zero_stage"], x["activation_recompute"],
-                                           x["sequence_parallel"], x["micro_batch_size"], x["interleave"]) == mine), None)
-
-
-def table(profile: Profile, candidates: list[dict], top: int = 5):
-    """The ``top`` layouts, best first, and the profile's own plan (marked) with their deciding numbers,
-    as a DataFrame: rank, layout, memory per GPU (and share of the GPU), bubble, exposed communication,
-    step, tokens/s per GPU, MFU."""
-    import pandas as pd
-
-    from preflight.core.numfmt import gib
-
-    mine = own_plan(profile, candidates)
-    shown = candidates[:top] + ([mine] if mine is not None and mine not in candidates[:top] else [])
-    return pd.DataFrame([{
-        "rank": f"{candidates.index(c) + 1:,}" if c["fits"] else "— (does not fit)",
-        "layout": label(c) + ("  (the profile's plan)" if c is mine else ""),
-        "memory per GPU": f"{gib(c['memory_per_gpu_bytes'])} ({c['memory_ratio']:.0%})" + ("" if c["fits"] else ", does not fit"),
-        "bubble": f"{c['bubble_fraction']:.1%}",
-        "exposed comm (s)": f"{c['tp_comm_s'] + c['pp_comm_s'] + c['dp_exposed_s']:.3g}",
-        "step (s)": f"{c['step_s']:.3g}",
-        "tokens/s per GPU": f"{c['tokens_per_s_per_gpu']:,.0f}",
-        "MFU": f"{c['mfu']:.1%}"} for c in shown])
-
-
-def _row(c: dict) -> str:
-    from preflight.core.numfmt import gib
-
-    lay = label(c)
-    return (f"{lay:<58} {gib(c['memory_per_gpu_bytes']):>10} {c['memory_ratio']:>5.0%} {c['bubble_fraction']:>6.1%} "
-            f"{c['tp_comm_s'] + c['pp_comm_s'] + c['dp_exposed_s']:>8.3g} {c['step_s']:>8.3g} "
-            f"{c['tokens_per_s_per_gpu']:>9.4g} {c['mfu']:>5.1%}")
-
-
-def text_report(profile: Profile, result: dict, top: int) -> str:
-    """The ranking for people: one line per layout with its deciding numbers."""
-    from preflight.core.numfmt import gib
-
-    c = result["candidates"]
-    lines = [f"{profile.project}: {profile.gpus} GPUs, global batch {result['global_batch']} sequences of "
-             f"{profile.model.seq_len} tokens; efficiency {result['efficiency']:.0%} ({result['efficiency_source']})",
-             f"{len(c)} layouts, {result['fitting']} fit (memory <= {MP.FIT_WARN:.0%} of {gib(result['capacity'])})",
-             f"{'layout':<58} {'memory':>10} {'ratio':>5} {'bubble':>6} {'comm s':>8} {'step s':>8} "
-             f"{'tok/s/GPU':>9} {'MFU':>5}"]
-    if result["no_fit"]:
-        nf = result["no_fit"]
-        lines.append("NO LAYOUT FITS. Closest:")
-        lines.append(_row(nf["closest"]))
-        fixes = [f"a GPU with more memory ({nf['larger_gpu']})" if nf["larger_gpu"] else None,
-                 f"{nf['nodes_that_fit']} nodes instead of {profile.cluster.nodes}" if nf["nodes_that_fit"] else None]
-        lines.append(f"short by {gib(nf['shortfall_bytes'])} per GPU"
-                     + ("" if nf["uses_full_recompute"] else " (full recompute does not close it)")
-                     + "; would close it: " + (", or ".join(x for x in fixes if x) or
-                                               "nothing in the hardware table, up to 16x the nodes"))
-        return "\n".join(lines) + "\n"
-    lines += [_row(x) for x in c[:min(top, result["fitting"])]]
-    mine = own_plan(profile, c)
-    if mine is not None:
-        rank = c.index(mine) + 1
-        lines.append(f"the profile's own plan: rank {rank} of {len(c)}"
-                     + ("" if mine["fits"] else " (does not fit)") + ":")
-        lines.append(_row(mine))
-    return "\n".join(lines) + "\n"
-

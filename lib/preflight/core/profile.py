@@ -41,7 +41,7 @@ class _Strict(BaseModel):
     @classmethod
     def _no_bool_as_number(cls, v, info: ValidationInfo):
         """YAML reads yes/no/true/false as booleans, and pydantic would take them as 1 and 0."""
-        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation not in (bool, bool | None):
             raise ValueError(f"got a boolean ({str(v).lower()}); a number is expected")
         return v
 
@@ -126,11 +126,21 @@ class Training(_Strict):
     micro_batch_size: Annotated[int, Field(ge=1, le=65_536, description="sequences per micro-batch per GPU")] = 1
     zero_stage: Annotated[int, Field(ge=0, le=3, description="ZeRO stage: 0 none, 1 optimizer state, 2 + "
                                      "gradients, 3 + weights sharded over data parallelism")] = 0
-    activation_recompute: Literal["none", "selective", "full"] = "none"
+    activation_recompute: Literal["none", "selective", "op_selective", "full"] = Field(
+        "none", description="none; selective (Megatron: the core attention recomputed); op_selective (torchtitan's "
+        "op-level policy: every other matmul and the elementwise ops recomputed); full (each layer's forward again)")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
     framework: Literal["deepspeed", "megatron", "fsdp2"] = Field(
         "deepspeed", description="layout of the model states (preflight.models.states): deepspeed 2+2+12 B per "
         "parameter, ZeRO 0-3; megatron 2+4+12, zero_stage 1 = distributed optimizer; fsdp2 4+4+8, zero_stage 3")
+    tp_comm_overlap: bool | None = Field(None, description="tensor-parallel communication overlapped with the "
+                                         "GEMMs (Megatron-Core --tp-comm-overlap); empty: the framework's default")
+    overlap_grad_reduce: bool | None = Field(None, description="gradient reduction overlapped with the backward "
+                                             "(Megatron --overlap-grad-reduce, DeepSpeed overlap_comm, DDP and FSDP "
+                                             "always); empty: the framework's default")
+    overlap_param_gather: bool | None = Field(None, description="weight all-gathers overlapped with compute "
+                                              "(Megatron --overlap-param-gather, ZeRO-3 / FSDP prefetch); empty: "
+                                              "the framework's default")
     shard_group: Literal["dp", "node"] = Field("dp", description="ZeRO / FSDP sharding group: dp = every data-"
                                                "parallel rank; node = the ranks of one node, replicated across "
                                                "nodes (HSDP)")

@@ -77,8 +77,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from preflight.models import memory as mm
-
 
 # ------------------------------------------------------------------------------------------ sizes
 @dataclass(frozen=True)
@@ -109,6 +107,7 @@ class MemConfig:
 
 # CPU: a quick run is ~1-2 s on 2 cores, the normal one a few seconds. GPU: large enough that the
 # activations dominate the peak (h=1024, s=1024: ~0.4 GB per layer in fp32), small for an H100.
+MODES = ("none", "selective", "full")        # the recompute modes this reference model implements
 CPU_QUICK = MemConfig(layers=2, hidden=256, heads=8, seq_len=256, batch=2, vocab=1000)
 CPU_NORMAL = MemConfig(layers=4, hidden=512, heads=8, seq_len=512, batch=2, vocab=4096)
 GPU_QUICK = MemConfig(layers=2, hidden=512, heads=8, seq_len=512, batch=2, vocab=8192)
@@ -213,8 +212,8 @@ class GPT(nn.Module):
 
     def set_recompute(self, mode: str) -> GPT:
         """Switch every layer to ``mode`` (one of ``preflight.models.memory.RECOMPUTE``); returns self."""
-        if mode not in mm.RECOMPUTE:
-            raise ValueError(f"recompute must be one of {mm.RECOMPUTE} (got {mode!r})")
+        if mode not in MODES:
+            raise ValueError(f"recompute must be one of {MODES} (got {mode!r})")
         for layer in self.layers:
             layer.recompute = mode
         return self

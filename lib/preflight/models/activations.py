@@ -37,7 +37,9 @@ only with sequence parallelism; the rest is split by t::
 Korthikanti's layer (math, gelu, f = 4h, r = 1, dropout, e = 2): 10 sbh replicated + 24 sbh split
 + 5 a s^2 b: ``sbh (10 + 24/t + 5 a s / (h t))``, their Table 2. Recompute: ``selective``
 checkpoints the core attention (scores or flash kernel): only its q, k, v inputs stay, no s^2 and
-no statistics; ``full`` keeps the layer input, e sbh (/t with sequence parallelism). With flash,
+no statistics; ``full`` keeps the layer input, e sbh (/t with sequence parallelism); ``op_selective``
+(torchtitan's op-level policy) keeps the block input, the flash output and statistics and every other
+matmul's output (``_op_selective``). With flash,
 selective recompute saves only the statistics: FlashAttention already is the selective recompute.
 
 Left out, as the paper does: LayerNorm's mean and rstd (s b values each, two per norm: about
@@ -48,7 +50,8 @@ from __future__ import annotations
 
 ATTENTION = ("flash", "math")
 MLP = ("gelu", "swiglu")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op_selective", "full")
+MLP_MATMULS = {"gelu": 1, "swiglu": 2}    # projections h -> ffn (fc1; gate and up)
 ELEMENT_BYTES = {"mixed": 2, "fp32": 4}   # activations: 16-bit in mixed precision; masks are 1 byte
 STATS_BYTES = 4                           # flash's logsumexp is fp32 in every kernel
 MLP_TENSORS = {"gelu": 2, "swiglu": 4}    # tensors of s b ffn kept by the MLP
@@ -65,6 +68,8 @@ def layer_parts(seq_len: int, micro_batch_size: int, hidden: int, heads: int, kv
     sbh, r = s * b * h, kv_heads / heads
     if recompute == "full":
         return [("layer input (full recompute)", e * sbh, "sp")]
+    if recompute == "op_selective":
+        return _op_selective(e, s, b, h, a, r, ffn_hidden, mlp)
     parts = [("norm inputs (2), QKV input, MLP input", 4 * e * sbh, "sp")]
     if d:
         parts.append(("dropout masks after attention and MLP (1 byte)", 2 * sbh, "sp"))
@@ -82,6 +87,20 @@ def layer_parts(seq_len: int, micro_batch_size: int, hidden: int, heads: int, kv
     return parts
 
 
+def _op_selective(e, s, b, h, a, r, f, mlp) -> list[tuple[str, float, str]]:
+    """torchtitan's op-level selective checkpointing (``selective_ac_option: op``, its
+    ``_apply_ac_to_transformer_block``): inside each block, only the outputs of the ops on its save list
+    are kept, the flash attention's (output and logsumexp) and **every other matmul's** (the policy skips
+    each second ``aten.mm``); the rest is recomputed. Counted as half of the block's matmul outputs (q,
+    k, v, output projection, the MLP's projections up and down) plus the block input and the attention's
+    output and statistics."""
+    sbh = s * b * h
+    mm = h * (1 + 2 * r) + h + MLP_MATMULS[mlp] * f + h          # per token: q k v, o, up (and gate), down
+    return [("block input (op-level selective)", e * sbh, "sp"),
+            ("attention output and statistics (flash, saved)", e * sbh + STATS_BYTES * a * s * b, "tp"),
+            ("every other matmul output (saved)", e * s * b * mm / 2, "tp")]
+
+
 def layer_bytes(parts: list[tuple[str, float, str]], tp: int = 1, sequence_parallel: bool = False) -> float:
     """Bytes of ``layer_parts`` on one GPU of a tensor-parallel group."""
     rep = tp if sequence_parallel else 1
@@ -92,6 +111,8 @@ def formula(attention: str, mlp: str, dropout: float, recompute: str) -> str:
     """The per-layer formula in the docstring's symbols, for messages and tables."""
     if recompute == "full":
         return "e sbh (/t with sp)"
+    if recompute == "op_selective":
+        return "e sbh [/t with sp] + [e sbh + 4 a s b + e s b (matmul outputs) / 2] / t"
     d = dropout > 0
     rep = "(4 e" + (" + 2" if d else "") + ") sbh"
     qkv = "3 e sbh" if attention == "math" and recompute == "none" else "e sbh (1 + 2 r)"

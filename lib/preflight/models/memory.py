@@ -65,6 +65,11 @@ GiB = 2 ** 30
 FRAMEWORK_FIXED_BYTES = 1.0 * GiB
 FRAMEWORK_FRACTION = 0.10
 PRECISIONS = ("mixed", "fp32")
+# Bytes per logit at the loss: Megatron's vocab-parallel cross entropy works in one fp32 buffer (the
+# logits, reused for their gradient: Korthikanti sec. 4.3's 4 s b V); a plain F.cross_entropy on
+# logits.float() (torchtitan, most FSDP2 loops) holds the bf16 logits, the fp32 copy and its fp32
+# gradient at the start of the backward: 2 + 4 + 4.
+LOGIT_BYTES = {"megatron": 4, "deepspeed": 4, "fsdp2": 10}
 SRC_ACT = "Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1-4.2, Table 2, generalised (models/activations.py)"
 
 
@@ -217,9 +222,11 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
         parts.append(f"embedding dropout mask {n:g} x sbh{'/t' * (rep > 1)}")
     if stage == "last" or p.pp == 1:
         m_out = p.microbatches if (p.schedule == "gpipe" and p.pp > 1) else 1
-        out_b += m_out * (2 * e * sbh / rep + 4 * p.seq_len * p.micro_batch_size * p.vocab / p.tp)
+        lb = LOGIT_BYTES[p.framework]
+        out_b += m_out * (2 * e * sbh / rep + lb * p.seq_len * p.micro_batch_size * p.vocab / p.tp)
         parts.append(f"{m_out} x (norm + output-projection inputs {2 * e} sbh{'/t' * (rep > 1)} "
-                     f"+ fp32 logits 4 s b V / t)")
+                     + ("+ fp32 logits 4 s b V / t)" if lb == 4 else
+                        f"+ logits {lb} s b V / t: 16-bit, their fp32 copy and its gradient)"))
     rows.append(("activations_output", out_b, "; ".join(parts) or "nothing kept (no dropout)",
                  "Korthikanti et al. 2022 sec. 4.3"))
     rest = sum(r[1] for r in rows)

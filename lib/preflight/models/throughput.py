@@ -1,50 +1,105 @@
 """The step time of one parallel layout, term by term: what the layout advisor ranks layouts by.
 
 One GPU of a ``tp x pp x dp`` layout runs, per optimizer step, ``m`` micro-batches of ``b`` sequences
-of ``s`` tokens through its ``L / pp`` layers (split ``tp`` ways)::
+of ``s`` tokens through its ``L / pp`` layers (split ``tp`` ways); the last stage also runs the output
+layer. Per micro-batch the slowest stage takes ``t_stage`` (compute and what communication it cannot
+hide), and 1F1B / interleaved pipelining takes ``m + (p - 1) / v`` of them::
 
-    step = serial + (1 + (p-1)/(v m)) (compute + tp_comm) + pp_comm + dp_exposed
+    step = serial + (m + (p-1)/v) t_stage + pp_comm + dp_exposed
 
-* **compute** = hardware FLOPs / (peak x efficiency). Model FLOPs per token are ``6 N + 12 L h s``
-  (``preflight.models.flops``); recompute adds FLOPs the model does not count: full recompute one
-  more forward (``2 N + 4 L h s``: +1/3), selective only the core attention's forward (``4 L h s``).
-  ``efficiency`` is the share of the dense peak the GPU's kernels reach on that work: a measured MFU
-  of a single-device step (chapter 1's baseline record) when there is one, else ``DEFAULT_EFFICIENCY``.
-* **bubble**: 1F1B / interleaved fill and drain, ``(p-1)/(v m)`` of the ideal time
-  (``preflight.models.pipeline.bubble_over_ideal``), applied to compute and to tensor-parallel
-  communication, which happens inside each stage's forward and backward.
-* **tp_comm** (Megatron, Narayanan et al. 2021 sec. 3.3 / Korthikanti et al. 2022): per layer and
-  micro-batch, two all-reduces of the ``b s h`` activations (16-bit) in forward and two in backward,
-  two more with full recompute (sequence parallelism turns each into a reduce-scatter + all-gather of
-  the same volume); ring time over NVLink (``intra_node_GBps``), blocking: not overlapped.
-* **pp_comm**: each stage sends a micro-batch's activations forward and receives its gradient back,
-  ``b s h / tp`` 16-bit values each (Megatron's scatter-gather over the tp ranks), ``v`` times per
-  micro-batch; across nodes on the GPU's share of the NICs. Counted blocking (an upper bound:
-  Megatron overlaps part of it).
-* **dp_exposed**: the gradient all-reduce of ``preflight.models.comm.allreduce_plan`` (rail-aware
-  busbw) minus what the last micro-batch's backward hides (``exposed_overlap_s``). ZeRO-1/2 move the
-  same volume (reduce-scatter + all-gather). ZeRO-3 (weights sharded, FSDP2) gathers the weights in
-  forward and again in backward and reduce-scatters gradients on every micro-batch: 1.5x the volume,
-  ``m`` times, hidden behind the whole compute by prefetching.
+**Compute** counts the FLOPs the kernels really execute (the executed-work convention, so the
+efficiency means the same on every model): per token and layer ``6 N_layer`` for the matrices and
+``12 h s`` for attention's two batched matmuls, halved by a causal flash kernel (it skips the masked
+half; the unfused ``math`` path computes all of it); the output layer ``6 V h`` on the last stage; the
+input embedding is a lookup (no FLOPs). Recompute adds its forward again: ``full`` the whole layer's,
+Megatron's ``selective`` the core attention's, torchtitan's ``op_selective`` every other matmul
+(``preflight.models.activations``). Each FLOP runs at ``peak x efficiency``, the efficiency from
+:func:`gemm_efficiency` (chip and shapes) unless a measured one is given.
 
-MFU = model FLOPs / (step x peak); HFU counts the recompute FLOPs too (what Megatron-LM's paper
-reports as "% of peak").
+**GEMM efficiency** rises with the matrix sizes and saturates: ``E_chip / ((1 + H0/h) (1 + T0/(b s)))``
+(the shape of NVIDIA's "Matrix Multiplication Background" guide: small dimensions leave SMs idle and
+tiles partly empty). ``E_chip``, ``H0`` and ``T0`` are calibrated on the 34 published runs of
+``data/profiles/published/`` (docs/advisor-validation.md): the same model on A100 reaches a larger
+share of its peak than on H100 (MosaicML's tables: 0.71 vs 0.57), and the share rises with the hidden
+size (Narayanan et al. 2021 Table 1: 44 % at h = 2304 to 52 % at h = 25600 of peak, as HFU).
+
+**Tensor parallelism** (Narayanan et al. 2021 sec. 3.3, Korthikanti et al. 2022): per layer and
+micro-batch two all-reduces of the ``b s h`` activations forward and two backward (two more with full
+recompute; sequence parallelism turns each into a reduce-scatter + all-gather of the same volume), ring
+over NVLink. Blocking, unless ``tp_comm_overlap`` (Megatron-Core's ``--tp-comm-overlap``, Transformer
+Engine's userbuffers): then it pipelines with the adjacent GEMMs and only what exceeds them shows.
+
+**Data parallelism and ZeRO** (rail-aware bus bandwidth and latency of ``preflight.models.comm``):
+
+- ZeRO-0 (DDP): all-reduce of the gradients in buckets (``BUCKET_BYTES``, PyTorch DDP's 25 MB), each
+  paying its latency; with ``overlap_grad_reduce`` it hides behind the last micro-batch's backward;
+- ZeRO-1 (Megatron's distributed optimizer, DeepSpeed stage 1): reduce-scatter of the gradients
+  (hidden behind the last backward with ``overlap_grad_reduce``) and all-gather of the updated
+  16-bit weights (hidden behind the next first forward with Megatron's ``--overlap-param-gather``;
+  DeepSpeed gathers inside ``optimizer.step()``: exposed);
+- ZeRO-2 (DeepSpeed): a reduce-scatter on **every** micro-batch (DeepSpeed's engine refuses
+  ``no_sync`` under ZeRO-2), each hidden behind that micro-batch's backward when overlapped, then the
+  weights' all-gather: about ``(m + 1) (D - 1) / D`` times the gradients;
+- ZeRO-3 / FSDP: **per layer** and micro-batch, an all-gather of its 16-bit weights before the forward
+  and again before the backward, and a reduce-scatter of its gradients after it (2 + 2 + grad bytes per
+  parameter: ``comm.sharded_bytes_per_rank``); each pays a ring latency ``(D - 1) alpha`` (all-gather and
+  reduce-scatter have no tree). Prefetch (``overlap_param_gather``) overlaps a layer's collectives with
+  its neighbour's compute: only what exceeds it shows. At large D with little compute per GPU this is
+  what makes ZeRO-3 fall (175B on 384 -> 1536 A100s: 144 -> 44 TFLOP/s per GPU, Narayanan et al. 2021
+  Table 2).
+
+**Pipeline**: the 1F1B bubble ``(p-1)/(v m)`` of the slowest stage (the output layer makes the last one
+the slowest); each stage sends a micro-batch's activations and receives their gradient (``b s h / tp``
+16-bit values, ``v`` times per micro-batch), across nodes on the GPU's share of the NICs, blocking.
+
+MFU = model FLOPs / (step x peak) with the model FLOPs ``6 N + 12 L h s`` per token (PaLM's
+convention: embedding included, attention non-causal); HFU adds recompute. Published MFUs use other
+conventions (Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` counts recompute: an HFU): compare tokens/s.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .comm import allreduce_plan, gbps_to_GBps, ring_allreduce_time
+from .comm import BYTES_PER_ELEMENT, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
 from .flops import train_flops_per_token
-from .pipeline import bubble_over_ideal
 
-# Share of the dense peak the kernels reach on a large Transformer's step without parallel overheads
-# (GEMMs at 70-80 % of peak, attention and the memory-bound rest lower). A stated default: a measured
-# single-device MFU replaces it. docs/advisor-validation.md shows what it gives on published runs.
-DEFAULT_EFFICIENCY = 0.60
-ACTIVATION_BYTES = 2                # bf16 activations on the wire (tp all-reduces, pp send/recv)
-TP_ALLREDUCES = {"none": 4, "selective": 4, "full": 6}      # per layer per micro-batch
+# Share of the dense peak the kernels reach when the layout gives no measured one (--efficiency,
+# --mfu-from): the ceiling per chip generation, calibrated on the published runs (module docstring).
+GEMM_CEILING = {"ampere": 0.68, "hopper": 0.60}
+GEMM_HIDDEN_HALF = 1200.0         # H0: hidden size at which the shape costs a factor 2
+GEMM_TOKENS_HALF = 100.0          # T0: tokens per micro-batch at which it costs a factor 2
+DEFAULT_EFFICIENCY = 0.60         # the sliders' starting point, and where a chip's generation is unknown
+ACTIVATION_BYTES = 2              # bf16 activations on the wire (tp all-reduces, pp send/recv)
+TP_ALLREDUCES = {"none": 4, "selective": 4, "op_selective": 4, "full": 6}      # per layer per micro-batch
+GEMM_SHARE = 0.8                  # of a layer's compute, the GEMMs a tensor-parallel collective can overlap
+BUCKET_BYTES = 25e6               # PyTorch DDP's bucket_cap_mb = 25
+# ZeRO-3 collectives per layer: DeepSpeed gathers in prefetch buckets of stage3_prefetch_bucket_size = 5e7
+# elements and reduces in reduce_bucket_size = 5e8 (its config defaults); FSDP2 one of each per layer
+# (a layer is its unit). Each pays a ring's (D - 1) hops at ZERO3_HOP_LATENCY_S.
+ZERO3_BUCKETS = {"deepspeed": (5e7, 5e8)}
+ZERO3_HOP_LATENCY_S = 5e-6
 NVLINK_LATENCY_S, NIC_LATENCY_S = 5e-6, 10e-6
+MFU_CONVENTION = "6N + 12 L h s per token (embedding included, attention non-causal)"
+
+
+def chip_generation(chip: str | None) -> str | None:
+    """'A100-SXM' -> 'ampere', 'H100-SXM' / 'H200-SXM' / 'GH200' -> 'hopper'; None where not calibrated."""
+    if not chip:
+        return None
+    if chip.startswith("A100"):
+        return "ampere"
+    if chip.startswith(("H100", "H200", "GH200")):
+        return "hopper"
+    return None
+
+
+def gemm_efficiency(chip: str | None, hidden: int, tokens_per_microbatch: int) -> float:
+    """The share of the dense peak a Transformer layer's kernels reach (module docstring)."""
+    ceiling = GEMM_CEILING.get(chip_generation(chip) or "", None)
+    if ceiling is None:
+        return DEFAULT_EFFICIENCY
+    return ceiling / ((1 + GEMM_HIDDEN_HALF / hidden) * (1 + GEMM_TOKENS_HALF / tokens_per_microbatch))
 
 
 @dataclass(frozen=True)
@@ -62,23 +117,56 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """Which communication hides behind compute (the profile's switches, else the framework's defaults)."""
+    tp_comm: bool = False
+    grad_reduce: bool = True
+    param_gather: bool = True
+
+
+def framework_overlap(framework: str) -> Overlap:
+    """Each framework's defaults: Megatron-LM's ``--tp-comm-overlap``, ``--overlap-grad-reduce`` and
+    ``--overlap-param-gather`` are off unless given (megatron/training/arguments.py, store_true);
+    DeepSpeed reduces gradients in buckets during the backward (``overlap_comm``, on by default for
+    ZeRO-3, and the engine's bucketed reduction otherwise) and prefetches ZeRO-3 weights; FSDP2
+    reduce-scatters during the backward and prefetches the next layer's weights (implicit prefetch)."""
+    return {"megatron": Overlap(tp_comm=False, grad_reduce=False, param_gather=False),
+            "deepspeed": Overlap(tp_comm=False, grad_reduce=True, param_gather=True),
+            "fsdp2": Overlap(tp_comm=False, grad_reduce=True, param_gather=True)}[framework]
+
+
+@dataclass(frozen=True)
+class Model:
+    params: float
+    layers: int
+    hidden: int
+    seq_len: int
+    vocab: int = 0
+    ffn_hidden: int | None = None
+    causal_flash: bool = False        # a causal flash kernel executes half of attention's FLOPs
+
+
+@dataclass(frozen=True)
 class Cluster:
-    """What the step model needs of the cluster: peak, links, node size."""
+    """What the step model needs of the cluster: peak, links, node size, the chip (for its efficiency)."""
     peak_tflops: float
     gpus_per_node: int
     intra_node_GBps: float
     inter_node_Gbps: float
     nics_per_node: int
+    chip: str | None = None
 
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float
+    compute_s: float                # all compute of the step on this GPU's slowest stage
+    efficiency: float
     bubble: float                   # (p-1)/(v m): bubble over ideal time
-    tp_comm_s: float
+    tp_comm_s: float                # tensor-parallel communication, all of it
+    tp_exposed_s: float
     pp_comm_s: float
     dp_comm_s: float                # the data-parallel traffic's time
-    dp_exposed_s: float             # the part not hidden behind backward (or, ZeRO-3, all compute)
+    dp_exposed_s: float             # the part not hidden behind compute
     serial_s: float
     step_s: float
     tokens_per_s_per_gpu: float
@@ -86,58 +174,119 @@ class StepTime:
     hfu: float
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)           # flat floats: dataclasses.asdict's deep copy costs 3x
+        return dict(self.__dict__)
+
+
+def layer_flops(m: Model, tokens: float, recompute: str) -> tuple[float, float]:
+    """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute)."""
+    n_layer = max(0.0, m.params - 2.0 * m.vocab * m.hidden) / m.layers
+    attn = 4.0 * m.hidden * m.seq_len * (0.5 if m.causal_flash else 1.0)       # forward, per token
+    fwd = (2.0 * n_layer + attn) * tokens
+    again = {"none": 0.0, "selective": attn * tokens, "op_selective": n_layer * tokens,
+             "full": fwd}[recompute]
+    return fwd, 2.0 * fwd + again
 
 
 def recompute_factor(recompute: str, params: float, layers: int, hidden: int, seq_len: int) -> float:
-    """Hardware FLOPs over model FLOPs: 1 (none), ``1 + 4 L h s / F`` (selective: the core attention
-    forward again), ``1 + (2 N + 4 L h s) / F`` (full: one more forward), ``F = 6 N + 12 L h s``."""
+    """Hardware FLOPs over model FLOPs in the model-FLOPs convention: 1 (none), ``1 + 4 L h s / F``
+    (selective: the core attention forward again), ``1 + N / F`` (op_selective: every other matmul),
+    ``1 + (2 N + 4 L h s) / F`` (full: one more forward), ``F = 6 N + 12 L h s``."""
     f = train_flops_per_token(params, layers, hidden, seq_len)
-    extra = {"none": 0.0, "selective": 4.0 * layers * hidden * seq_len,
+    extra = {"none": 0.0, "selective": 4.0 * layers * hidden * seq_len, "op_selective": 1.0 * params,
              "full": 2.0 * params + 4.0 * layers * hidden * seq_len}[recompute]
     return 1.0 + extra / f
 
 
-def step_time(lay: Layout, *, params: float, layers: int, hidden: int, seq_len: int, cluster: Cluster,
-              efficiency: float = DEFAULT_EFFICIENCY, grad_dtype: str = "bf16", serial_s: float = 0.0) -> StepTime:
-    """The step of one GPU under ``lay`` (the module's formula). ValueError on a bad efficiency."""
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
-    tp, pp, dp, m, b, v = lay.tp, lay.pp, lay.dp, lay.microbatches, lay.micro_batch_size, lay.interleave
-    tokens = m * b * seq_len                                   # one replica's tokens per step
-    model_flops = train_flops_per_token(params, layers, hidden, seq_len) * tokens / (tp * pp)
-    hw_flops = model_flops * recompute_factor(lay.activation_recompute, params, layers, hidden, seq_len)
-    peak = cluster.peak_tflops * 1e12
-    compute = hw_flops / (peak * efficiency)
+def _ring(buffer: float, ranks: int, bw_GBps: float, alpha: float) -> float:
+    """Ring reduce-scatter or all-gather of a ``buffer`` (the whole, gathered size) over ``ranks``."""
+    if ranks <= 1 or buffer <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * buffer / (bw_GBps * 1e9) + (ranks - 1) * alpha
 
-    act = ACTIVATION_BYTES * b * seq_len * hidden
-    tp_comm = 0.0
+
+def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float | None = None,
+              grad_dtype: str = "bf16", serial_s: float = 0.0, overlap: Overlap = Overlap(),
+              framework: str = "fsdp2") -> StepTime:
+    """The step of one GPU under ``lay`` (the module's formula). ``efficiency`` None: :func:`gemm_efficiency`.
+    ValueError on a bad efficiency."""
+    tp, pp, dp, m, b, v = lay.tp, lay.pp, lay.dp, lay.microbatches, lay.micro_batch_size, lay.interleave
+    s, h = model.seq_len, model.hidden
+    eff = gemm_efficiency(cluster.chip, h, b * s) if efficiency is None else efficiency
+    if not 0 < eff <= 1:
+        raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
+    rate = cluster.peak_tflops * 1e12 * eff
+    tokens_mb = b * s
+    fwd, bwd = layer_flops(model, tokens_mb, lay.activation_recompute)
+    t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
+    out_layer = 6.0 * model.vocab * h * tokens_mb / tp / rate  # the output layer, on the last stage
+    layers_stage = model.layers / pp
+
+    tp_layer = tp_exposed_layer = 0.0
     if tp > 1:
-        one = ring_allreduce_time(act, tp, cluster.intra_node_GBps, NVLINK_LATENCY_S)
-        tp_comm = TP_ALLREDUCES[lay.activation_recompute] * (layers // pp) * m * one
+        one = ring_allreduce_time(ACTIVATION_BYTES * tokens_mb * h, tp, cluster.intra_node_GBps, NVLINK_LATENCY_S)
+        tp_layer = TP_ALLREDUCES[lay.activation_recompute] * one
+        tp_exposed_layer = max(0.0, tp_layer - GEMM_SHARE * (t_fwd + t_bwd)) if overlap.tp_comm else tp_layer
+
+    # data parallelism: the rail-aware bandwidth and per-hop latency of this group
+    link = allreduce_link(dp_placement(dp, tp, pp, cluster.gpus_per_node), intra_node_GBps=cluster.intra_node_GBps,
+                          inter_node_Gbps=cluster.inter_node_Gbps, nics_per_node=cluster.nics_per_node,
+                          gpus_per_node=cluster.gpus_per_node) if dp > 1 else None
+    per_rank = model.params / (tp * pp)
+    g_bytes, w_bytes = per_rank * BYTES_PER_ELEMENT[grad_dtype], per_rank * 2.0
+    z3_layer = 0.0
+    if dp > 1 and lay.zero_stage >= 3:                          # per layer, per micro-batch
+        n_ag, n_rs = ((math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][0]),
+                       math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][1]))
+                      if framework in ZERO3_BUCKETS else (1, 1))
+        ag = _ring(w_bytes / model.layers, dp, link.busbw_GBps, 0.0) + n_ag * (dp - 1) * ZERO3_HOP_LATENCY_S
+        rs = _ring(g_bytes / model.layers, dp, link.busbw_GBps, 0.0) + n_rs * (dp - 1) * ZERO3_HOP_LATENCY_S
+        if overlap.param_gather:
+            z3_layer = max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
+        else:
+            z3_layer = ag + ag + (max(0.0, rs - t_bwd) if overlap.grad_reduce else rs)
+    t_stage = layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer) + out_layer
+    compute = m * (layers_stage * (t_fwd + t_bwd) + out_layer)
+    pipe = (m + (pp - 1) / v) * t_stage if pp > 1 else m * t_stage
 
     pp_comm = 0.0
     if pp > 1:
         across = tp * dp >= cluster.gpus_per_node               # stage neighbours tp*dp ranks apart
         bw = (gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
               if across else cluster.intra_node_GBps)
-        one = act / tp / (bw * 1e9) + (NIC_LATENCY_S if across else NVLINK_LATENCY_S)
+        one = ACTIVATION_BYTES * tokens_mb * h / tp / (bw * 1e9) + (NIC_LATENCY_S if across else NVLINK_LATENCY_S)
         pp_comm = 2 * v * m * one
 
-    bubble = bubble_over_ideal(pp, m, v)
-    pipe = (1 + bubble) * (compute + tp_comm) + pp_comm
     dp_time = dp_exposed = 0.0
+    last_bwd = layers_stage * t_bwd                              # the last micro-batch's backward
+    first_fwd = layers_stage * t_fwd
     if dp > 1:
-        plan = allreduce_plan(params, dp, grad_dtype, tp, pp, gpus_per_node=cluster.gpus_per_node,
-                              intra_node_GBps=cluster.intra_node_GBps, inter_node_Gbps=cluster.inter_node_Gbps,
-                              nics_per_node=cluster.nics_per_node, compute_s=compute, microbatches=m)
-        if lay.zero_stage >= 3:
-            dp_time = 1.5 * m * plan.time_s
-            dp_exposed = max(0.0, dp_time - compute)
+        bw, alpha = link.busbw_GBps, link.latency_s
+        if lay.zero_stage == 0:
+            buckets = max(1, math.ceil(g_bytes / BUCKET_BYTES))
+            tree = 2 * math.ceil(math.log2(dp)) * alpha                # NCCL's tree for each bucket's latency
+            dp_time = 2 * (dp - 1) / dp * g_bytes / (bw * 1e9) + buckets * tree
+            dp_exposed = max(0.0, dp_time - last_bwd) if overlap.grad_reduce else dp_time
+        elif lay.zero_stage in (1, 2):
+            rs, ag = _ring(g_bytes, dp, bw, alpha), _ring(w_bytes, dp, bw, alpha)
+            rs_n = m if lay.zero_stage == 2 else 1
+            dp_time = rs_n * rs + ag
+            hid_rs = max(0.0, rs - last_bwd) if overlap.grad_reduce else rs
+            # Megatron's --overlap-param-gather hides it behind the next step's first forward; DeepSpeed
+            # gathers inside optimizer.step(), before the next forward can start
+            hid_ag = max(0.0, ag - first_fwd) if overlap.param_gather and framework != "deepspeed" else ag
+            dp_exposed = rs_n * hid_rs + hid_ag
         else:
-            dp_time, dp_exposed = plan.time_s, plan.exposed_overlap_s
-    step = serial_s + pipe + dp_exposed
-    return StepTime(compute_s=compute, bubble=bubble, tp_comm_s=tp_comm, pp_comm_s=pp_comm, dp_comm_s=dp_time,
-                    dp_exposed_s=dp_exposed, serial_s=serial_s, step_s=step,
-                    tokens_per_s_per_gpu=tokens * dp / step / (tp * pp * dp),
-                    mfu=model_flops / step / peak, hfu=hw_flops / step / peak)
+            dp_time = m * model.layers / pp * (2 * ag + rs)
+            dp_exposed = (m + (pp - 1) / v if pp > 1 else m) * layers_stage * z3_layer
+            pipe -= dp_exposed                                   # counted once, as data-parallel time
+    step = serial_s + pipe + pp_comm + dp_exposed
+    tokens = m * b * s
+    model_flops = train_flops_per_token(model.params, model.layers, h, s) * tokens / (tp * pp)
+    hw = model_flops * recompute_factor(lay.activation_recompute, model.params, model.layers, h, s)
+    peak = cluster.peak_tflops * 1e12
+    tp_all = m * layers_stage * tp_layer
+    return StepTime(compute_s=compute, efficiency=eff, bubble=(pp - 1) / (v * m) if pp > 1 else 0.0,
+                    tp_comm_s=tp_all, tp_exposed_s=m * layers_stage * tp_exposed_layer, pp_comm_s=pp_comm,
+                    dp_comm_s=dp_time, dp_exposed_s=dp_exposed, serial_s=serial_s, step_s=step,
+                    tokens_per_s_per_gpu=tokens / step / (tp * pp), mfu=model_flops / step / peak,
+                    hfu=hw / step / peak)

@@ -274,7 +274,7 @@ def memory_bars(terms: pd.DataFrame | None, capacity_bytes: float | None = None,
     return alt.layer(*layers).properties(width=480, height=64, title=title)
 
 
-def layouts_chart(rows: list[dict], own: dict | None, efficiency: float) -> alt.Chart:
+def layouts_chart(rows: list[dict], own: dict | None, efficiency: float | None) -> alt.Chart:
     """Predicted tokens/s per GPU of the advisor's top layouts (``rows``, best first) and of the
     profile's own plan (``own``, highlighted; hatched red when it does not fit), one bar each."""
     from preflight.chapters.advisor import label
@@ -296,4 +296,5 @@ def layouts_chart(rows: list[dict], own: dict | None, efficiency: float) -> alt.
         color=alt.Color("who:N", title=None, scale=alt.Scale(domain=shown, range=[colours[k] for k in shown])),
         tooltip=["layout", alt.Tooltip("tokens/s per GPU:Q", format=",.0f"), alt.Tooltip("MFU:Q", format=".1%")],
     ).properties(width=300, height=alt.Step(18),
-                 title=f"Fastest layouts that fit{plan} (kernel efficiency {efficiency:.0%})")
+                 title=f"Fastest layouts that fit{plan} (kernel efficiency "
+                       + ("by chip and shape)" if efficiency is None else f"{efficiency:.0%})"))

@@ -109,8 +109,9 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
 
 def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
     """The advisor's ranking (``preflight.chapters.advisor.advise``'s ``result``) under three choices worth
-    exploring: the kernels' efficiency (re-times and re-ranks the fitting layouts with the same step
-    model, ``advisor.at_efficiency``), the largest pipeline depth the team will run, and whether ZeRO-3 /
+    exploring: the kernels' efficiency (the advisor's own, by chip and shape, or one share of the peak
+    for every layout: re-times and re-ranks the fitting layouts with the same step model,
+    ``advisor.at_efficiency``), the largest pipeline depth the team will run, and whether ZeRO-3 /
     FSDP full sharding is allowed. Memory does not change with them, so no layout is re-planned."""
     from preflight.chapters import advisor
 
@@ -118,9 +119,12 @@ def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
     fitting = [c for c in result["candidates"] if c["fits"]]
     pps = sorted({c["pp"] for c in fitting}) or [1]
     effs = sorted({round(0.05 * k, 2) for k in range(4, 17)} | {round(result["efficiency"], 2)})
+    # 0: the advisor's own efficiency, by chip and shape (a slider's value cannot be None)
+    options = ([("by chip and shape", 0.0)] if result.get("efficiency_modelled") else []) + [(f"{e:.0%}", e) for e in effs]
     controls = {
-        "efficiency": W.SelectionSlider(options=effs, value=round(result["efficiency"], 2),
-                                        description="efficiency (MFU of a step)", style=style, layout=layout),
+        "efficiency": W.SelectionSlider(options=options, value=0.0 if result.get("efficiency_modelled")
+                                        else round(result["efficiency"], 2),
+                                        description="kernel efficiency (of peak)", style=style, layout=layout),
         "max_pp": W.SelectionSlider(options=pps, value=pps[-1], description="pipeline stages at most",
                                     style=style, layout=layout),
         "zero3": W.Checkbox(value=True, description="ZeRO-3 / FSDP full sharding allowed",
@@ -130,6 +134,7 @@ def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
     own_all = advisor.own_plan(profile, result["candidates"])
 
     def compute(efficiency, max_pp, zero3):
+        efficiency = efficiency or None
         if efficiency not in cache:
             cache[efficiency] = advisor.at_efficiency(profile, result, efficiency)
         ranked = [c for c in cache[efficiency] if c["pp"] <= max_pp and (zero3 or c["zero_stage"] < 3)]
