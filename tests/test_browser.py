@@ -300,8 +300,9 @@ def _check_layouts(page) -> Explorer:
     result = advisor.advise(prof)
     ex = Explorer(page, "Layout advisor: which tp x pp x dp, ZeRO stage and recompute")
     assert html.unescape(ex.read()["readout"]["best"]) == advisor.label(result["candidates"][0])
-    s = ex.move("efficiency (MFU of a step)", "ArrowLeft")
-    eff = float(s["sliders"]["efficiency (MFU of a step)"])
+    assert ex.read()["sliders"]["kernel efficiency (of peak)"] == "by chip and shape"   # the advisor's own
+    s = ex.move("kernel efficiency (of peak)", "ArrowRight")                # the first share of the peak: 20 %
+    eff = float(s["sliders"]["kernel efficiency (of peak)"].rstrip("%")) / 100
     assert eff < result["efficiency"]
     best = advisor.at_efficiency(prof, result, eff)[0]
     assert s["readout"]["tokens"] == f"{best['tokens_per_s_per_gpu']:,.0f}"
