@@ -52,12 +52,23 @@ def test_the_old_example_plan_is_physically_impossible():
     B.add_plan_findings(sink, old, B.plan_curve(old))
     mfu = _ids(sink)["baseline/implied_mfu"]
     assert mfu.verdict == "fail" and 1.95 < mfu.value < 2.05
-    assert "Impossible" in mfu.message and "training.step_compute_s" in mfu.message
+    assert "Beyond what any matmul reaches" in mfu.message and "training.step_compute_s" in mfu.message
     # a chip without a known peak: not judged, said so
     sink = FindingSink()
     B.add_plan_findings(sink, old, B.plan_curve(old), gpu_key="some unknown chip")
     mfu = _ids(sink)["baseline/implied_mfu"]
     assert mfu.verdict == "info" and mfu.value is None and "unknown" in mfu.message
+
+
+def test_implied_mfu_fails_above_what_a_matmul_reaches():
+    """85 % of the dense peak is below 100 % but above the ~80 % the best GEMMs reach: fail, not warn."""
+    p = load_profile(EXAMPLE)
+    mfu = B.implied_mfu(p, "H100-SXM")["mfu"]
+    fast = p.model_copy(update={"training": p.training.model_copy(update={"step_compute_s": 0.8 * mfu / 0.85})})
+    sink = FindingSink()
+    B.add_plan_findings(sink, fast, B.plan_curve(fast))
+    f = _ids(sink)["baseline/implied_mfu"]
+    assert 0.84 < f.value < 0.86 and f.verdict == "fail" and B.IMPLIED_MFU_FAIL == 0.80
 
 
 def test_strong_scaling_lets_amdahl_decide():

@@ -51,6 +51,14 @@ def test_recommended_workers(cores, expected):
     assert M.recommended_workers(cores) == expected
 
 
+def test_recommended_workers_are_per_rank():
+    """70-80 % of a 64-core node shared by 8 training processes: 5-6 workers each, not 44-51."""
+    assert M.recommended_workers(64, local_ranks=8) == (5, 6)
+    assert M.recommended_workers(64) == (44, 51)
+    with pytest.raises(ValueError, match="local_ranks"):
+        M.recommended_workers(64, local_ranks=0)
+
+
 def test_open_time_spreads_over_readers():
     assert M.open_time_s(1000, "lustre", readers=10) == pytest.approx(1000 * 2.3e-3 / 10)
     with pytest.raises(ValueError):

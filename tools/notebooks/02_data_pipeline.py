@@ -158,7 +158,9 @@ else:
 # under a training loop at the device's rate, for every `num_workers x prefetch_factor x pin_memory`,
 # with fresh workers each time. Measured per setting: supply (the loader drained alone), the device idle
 # share and the median wait per step (`preflight.toolkit.loadmon.LoaderMonitor`), the prefetch queue depth.
-# The rule of thumb to check: workers ~70-80 % of the cores, prefetch 4-8.
+# The rule of thumb to check: workers ~70-80 % of the cores, prefetch 4-8. The cores are the node's,
+# shared by its training processes: per rank that is 0.7-0.8 x cores / local ranks (8 GPUs on a 64-core
+# node: 5-6 workers per rank, not 45).
 #
 # Even with a full queue the wait does not reach zero: each batch crosses a process boundary (shared
 # memory, then unpickling in the training process), about a millisecond for a 2.4 MB batch here.

@@ -270,8 +270,11 @@ else:
 #   and memory bandwidth while they run beside the matmuls, so overlapped compute runs a few percent
 #   slower; a hidden all-reduce still costs something.
 # - **bf16 gradient reductions: a caveat.** Summing bf16 over many ranks loses bits (8 bits of
-#   mantissa). Megatron-LM with bf16 training and torchtitan reduce gradients in fp32 by default; FSDP2
-#   reduces in bf16 only when its `MixedPrecisionPolicy` sets `reduce_dtype=torch.bfloat16`. The
+#   mantissa). Megatron-LM with bf16 training and torchtitan reduce gradients in fp32 by default (torchtitan
+#   sets `mixed_precision_reduce = "float32"`); plain FSDP2 does **not**: a `MixedPrecisionPolicy` with
+#   `param_dtype=torch.bfloat16` and no `reduce_dtype` reduces in bf16 (the policy's docstring: "If this
+#   is None but param_dtype is not None, then the reduction uses the compute dtype"); fp32 needs
+#   `reduce_dtype=torch.float32`. The
 #   "send bf16 gradients" fix halves the bytes; check the loss (the real-compute run of §3 shows the
 #   drift) before adopting it at 1000+ ranks.
 # - **The NVLink domain, not the host, bounds tensor parallelism.** On NVL72 racks (GB200) 72 GPUs share
@@ -285,7 +288,7 @@ ch.table(pd.DataFrame([
     {"scheme": f"FSDP2 full sharding, {prof.training.grad_dtype} throughout",
      "GB per rank per step": comm.sharded_bytes_per_rank(prof.model.params, p["dp"], prof.training.grad_dtype,
                                                          prof.training.grad_dtype, p["tp"], p["pp"]) / 1e9},
-    {"scheme": "FSDP2, bf16 parameters, fp32 reduce (MixedPrecisionPolicy default reduce)",
+    {"scheme": "FSDP2, bf16 parameters, reduce_dtype=torch.float32 (without it: bf16)",
      "GB per rank per step": comm.sharded_bytes_per_rank(prof.model.params, p["dp"], "bf16", "fp32",
                                                          p["tp"], p["pp"]) / 1e9},
 ]))

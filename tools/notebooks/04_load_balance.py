@@ -66,9 +66,12 @@ ch.announce()
 #
 # - **batch statistics change**: a batch is a fixed number of tokens holding a varying number of samples
 #   (printed below), where a padded batch always holds the batch size;
-# - **attention must stop at document boundaries**: without a document mask (FlashAttention's varlen
-#   kernels with `cu_seqlens`, FlexAttention's document mask) every token attends to the unrelated
-#   documents before it in its row, and positions (RoPE) must restart per document;
+# - **attention across document boundaries**: without a document mask (FlashAttention's varlen kernels
+#   with `cu_seqlens`, FlexAttention's document mask) every token attends to the unrelated documents
+#   before it in its row. Under a mask, restarting positions changes nothing with RoPE (it depends only on
+#   relative offsets); it matters with absolute position embeddings. How much the mask matters is an
+#   empirical question: Llama 3 reports limited impact in standard pre-training, and uses it for very
+#   long sequences (Llama 3 paper, sec. 3.2);
 # - **loss weighting**: the per-token mean over a packed batch weights each sample by its length; a
 #   per-sample mean needs the document ids. Cut samples also lose their first piece as context.
 

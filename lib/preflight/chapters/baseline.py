@@ -27,7 +27,10 @@ MEMORY_WARN, MEMORY_FAIL = 0.85, 0.95      # peak / device memory: fragmentation
 AMDAHL_PASS_FACTOR, AMDAHL_FAIL_FACTOR = 2, 1
 # Implied MFU of the plan's own step: above 100 % of the dense peak the numbers are impossible; above
 # 60 % they are better than published large-scale runs (Llama 3: 38-43 % on H100; MegaScale 55 %).
-IMPLIED_MFU_WARN, IMPLIED_MFU_FAIL = 0.60, 1.00
+# Fail above what a matmul really reaches: the best GEMMs run at about 80 % of the dense peak on H100
+# (cuBLAS large bf16 GEMMs; chapter 1's measured matmul ceiling is the machine's own figure), so a plan
+# implying more is impossible, not only one implying more than 100 %.
+IMPLIED_MFU_WARN, IMPLIED_MFU_FAIL = 0.60, 0.80
 
 
 def serial_parallel(profile: Profile) -> tuple[float, float]:
@@ -130,7 +133,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     else:
         msg = f"{what} = {im['mfu']:.0%} of the {im['peak_tflops']:g} TFLOP/s dense bf16 peak."
         if v == "fail":
-            msg += (" Impossible: revisit training.step_compute_s (one GPU's compute per step at the target "
+            msg += (" Beyond what any matmul reaches (about 80 % of the dense peak): revisit "
+                    "training.step_compute_s (one GPU's compute per step at the target "
                     "layout), training.microbatches, training.micro_batch_size and model.seq_len.")
         elif v == "warn":
             msg += " Better than published large-scale runs reach (~40-55 %): check the step time."

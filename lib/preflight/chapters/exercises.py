@@ -184,7 +184,7 @@ def load_balance(profile: Profile) -> dict[str, Exercise]:
         "bubble": Exercise(
             "bubble", f"A pipeline of p={p} stages runs m={m} micro-batches per step (1F1B). What share of the step "
             "does each GPU sit idle in the bubble?", "%", lambda: 100 * P.bubble_fraction(p, m),
-            f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}: the popular (p-1)/(m p) = {100 * P.wrong_bubble(p, m):.3g} % "
+            f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}: the field report's (p-1)/(m p) = {100 * P.wrong_bubble(p, m):.3g} % "
             "divides the fill and drain by the wrong length. More micro-batches or interleaving shrink it.",
             rel_tol=0.15),
         "bubble_m": Exercise(

@@ -65,7 +65,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
                       f"{pack['samples_per_batch_min']}-{pack['samples_per_batch_max']} samples, not {PADDING_BATCH}, "
                       "and attention must be masked per document, or tokens attend across documents."),
              fix="Batch by length (preflight.toolkit.sampling.LengthBucketSampler) or pack sequences with document masks "
-                 "(varlen / FlexAttention kernels, positions restarting per document); never pad to the "
+                 "(varlen / FlexAttention kernels; restart positions only with absolute position embeddings); never pad to the "
                  "dataset's maximum.", source=PROFILE_SOURCE)
 
     t = profile.training
@@ -79,7 +79,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     sink.add(id="load_balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
              message=(f"{plan}: the pipeline idles (p-1)/(v m + p-1) = {frac:.1%} of the step"
                       + (" (no pipeline parallelism)." if t.pp == 1 else
-                         f"; the popular (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
+                         f"; the field report's (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
                          "drain slots by p m, as if the step lasted p m slots of one stage. A zero-bubble "
                          f"schedule (ZB-H1, 1F1B's peak memory) would idle {zb:.1%} with equal forward, input- and "
                          "weight-gradient times, if splitting the backward costs nothing extra.")),

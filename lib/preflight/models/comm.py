@@ -14,7 +14,8 @@ where the group's ranks sit, and this is what the field report gets wrong:
 * **across nodes, rail-optimised** (one NIC per GPU, HGX/DGX-class clusters): NCCL runs several rings
   (channels), each entering and leaving a node once, over different NICs. A node holding ``k`` ranks of
   the group carries ``V`` per ring in total, spread over ``k`` NICs: ``busbw = k * B_nic`` (bounded by
-  NVLink). nccl-tests on 8 x 400 Gb/s nodes report ~360-430 GB/s, i.e. 8 x 50 GB/s;
+  NVLink). nccl-tests on 8 x 400 Gb/s nodes report about 370-385 GB/s with rings (8 x 50 GB/s of
+  line rate, less the protocol), more only with in-network reduction (SHARP);
 * a node's NICs are shared by every group with ranks in it (``groups_per_node``, all reducing at the same
   time): with ``nics_per_node`` NICs each group gets ``nics_per_node * k / gpus_per_node`` of them.
 
@@ -66,7 +67,9 @@ def sharded_bytes_per_rank(params: float, dp: int, param_dtype: str = "bf16", re
         (D-1)/D x M/(tp pp) x (2 b_param + b_reduce)
 
     With one dtype throughout that is ``3 (D-1)/D S``: 1.5x DDP's ``2 (D-1)/D S``. FSDP2 with a bf16
-    ``MixedPrecisionPolicy`` gathers bf16 parameters and reduces in ``reduce_dtype`` (fp32 unless set).
+    ``MixedPrecisionPolicy`` gathers bf16 parameters and reduces in ``reduce_dtype``; left unset it
+    reduces in ``param_dtype``, bf16 (the policy's docstring: "If this is None but param_dtype is not
+    None, then the reduction uses the compute dtype"): fp32 needs ``reduce_dtype=torch.float32``.
     The gathers of the next layer are prefetched while this one computes, so they overlap too.
     """
     if dp < 1 or tp < 1 or pp < 1:

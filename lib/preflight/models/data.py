@@ -129,12 +129,16 @@ def workers_needed(consume_per_s: float, per_worker_per_s: float, rule: float = 
     return max(1, math.ceil(rule * consume_per_s / per_worker_per_s))
 
 
-def recommended_workers(cores: int) -> tuple[int, int]:
-    """The rule of thumb's worker range for ``cores`` CPU cores: 70-80 % of them (at least 1)."""
+def recommended_workers(cores: int, local_ranks: int = 1) -> tuple[int, int]:
+    """The rule of thumb's worker range **per rank**: 70-80 % of the node's ``cores`` shared by its
+    ``local_ranks`` training processes (8 ranks on a 64-core node: 5-6 workers each, not 45-51), at
+    least 1."""
     if cores < 1:
         raise ValueError(f"cores = {cores}: must be >= 1")
-    low = max(1, math.floor(WORKER_SHARE[0] * cores))
-    return low, max(low, math.floor(WORKER_SHARE[1] * cores))
+    if local_ranks < 1:
+        raise ValueError(f"local_ranks = {local_ranks}: must be >= 1")
+    low = max(1, math.floor(WORKER_SHARE[0] * cores / local_ranks))
+    return low, max(low, math.floor(WORKER_SHARE[1] * cores / local_ranks))
 
 
 def setting_label(r: dict) -> str:

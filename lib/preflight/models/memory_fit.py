@@ -13,6 +13,7 @@ import pandas as pd
 from . import states as S
 from .memory import GiB, Plan, fits, total_bytes
 from .pipeline import bubble_fraction
+from .throughput import recompute_factor
 
 
 def _pow2_multiples(x: int, limit: int) -> list[int]:
@@ -36,8 +37,10 @@ def _candidates(p: Plan, gpus_per_node: int, gpus: int) -> list[tuple]:
             c.append(("zero", (1, 2, 5)[z - 1], name, cost,
                       lambda q, z=z: replace(q, zero_stage=z)))
     if p.recompute == "none" and p.attention == "math":   # flash: selective would drop only the statistics
-        c.append(("rc", 3, "selective recompute", "+4-7 % time per layer (Korthikanti Table 4), "
-                  "~s/(6h) more FLOPs (FlashAttention keeps no scores at all: model.attention flash)",
+        extra = recompute_factor("selective", p.params, p.layers, p.hidden, p.seq_len) - 1
+        c.append(("rc", 3, "selective recompute", "+4-7 % time per layer (Korthikanti Table 4); the core "
+                  f"attention's forward again, 4 L h s / (6 N + 12 L h s) = {extra:.1%} more FLOPs "
+                  "(FlashAttention keeps no scores at all: model.attention flash)",
                   lambda q: replace(q, recompute="selective")))
     for i, t in enumerate(x for x in _pow2_multiples(p.tp, gpus_per_node) if p.kv % x == 0):
         c.append(("tp", 4 + i / 10, f"tp={t}", "tensor-parallel all-reduces inside the node every "

@@ -26,10 +26,12 @@ batch is fully sorted batching.
 
    * **batch statistics change**: a batch is a fixed number of tokens holding a varying number of
      samples (``samples_per_batch_min`` / ``_max``), not a fixed number of samples;
-   * **attention must stop at document boundaries**: without a document mask (FlashAttention's
+   * **attention across document boundaries**: without a document mask (FlashAttention's
      varlen kernels with ``cu_seqlens``, FlexAttention's document mask, a block-diagonal mask) every
-     token attends to the unrelated documents before it in its row, and positions (RoPE) should
-     restart per document;
+     token attends to the unrelated documents before it in its row (positions need not restart with
+     RoPE, which depends only on relative offsets, under a document mask; absolute position embeddings
+     do need it). How much the mask matters is measured, not given: Llama 3 reports it had limited
+     impact in standard pre-training and mattered for very long sequences (Llama 3 paper, sec. 3.2);
    * **loss weighting**: a per-token mean over the packed batch weights each sample by its length;
      a per-sample mean (each sample's mean, then the mean over samples) must be computed per
      document, with the document ids, and the two differ in what they optimise;

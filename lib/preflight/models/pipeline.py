@@ -9,8 +9,9 @@ and backward time of one micro-batch on one stage. Filling and draining the pipe
     bubble / ideal   = (p-1) / (v m)            (the paper's "bubble time fraction")
     bubble / total   = (p-1) / (v m + p - 1)    (GPipe's form, Huang et al. 2019, arXiv 1811.06965)
 
-For p = 4, m = 8: 3/8 = 37.5 % of the ideal time, 3/11 = 27.3 % of the wall time. The often quoted
-``(p-1)/(m p)`` = 9.4 % is wrong for these schedules (see ``wrong_bubble``). The simulator below
+For p = 4, m = 8: 3/8 = 37.5 % of the ideal time, 3/11 = 27.3 % of the wall time. The commonly quoted
+form is Narayanan et al.'s ``(p-1)/m`` (over the ideal time); the field report's ``(p-1)/(m p)`` = 9.4 %
+is wrong for these schedules (see ``wrong_bubble``). The simulator below
 reproduces ``(p-1)/(v m + p - 1)`` exactly for balanced stages, for any ratio ``t_b / t_f``.
 
 Stages are rarely balanced: the slowest one sets the pace (pitfalls brief, section 4). Cut layers

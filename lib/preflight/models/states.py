@@ -8,7 +8,8 @@ Bytes per parameter with Adam, (weights, gradients, optimizer state)::
                                         (docs/source/api-guide/dist_optimizer.md: 18 bytes; with
                                         --use-distributed-optimizer 6 + 12/d)
     fsdp2      mixed  4 + 4 +  8 = 16   PyTorch FSDP2 ``fully_shard`` with MixedPrecisionPolicy(
-                                        param_dtype=bf16, reduce_dtype=fp32): the sharded parameters
+                                        param_dtype=bf16, reduce_dtype=fp32; without reduce_dtype the
+                                        reduction runs in bf16, the policy's docstring): the sharded parameters
                                         are the fp32 ones (no separate master copy), fp32 gradients,
                                         Adam's m and v; bf16 copies exist only for gathered layers
     any        fp32   4 + 4 +  8 = 16
