@@ -338,6 +338,35 @@ prediction = None       # your answer
 check(EX["bubble_m"], prediction, reveal=not interactive)
 
 # %% [markdown]
+# ## Stragglers: a synchronous step waits for the slowest rank
+#
+# Data parallelism, and every collective, is a barrier: each step lasts as long as its slowest rank.
+# Give every rank the same mean step and a little independent jitter (OS noise, clocks throttled by
+# heat or power, a retried network packet), standard deviation `cv` of the mean: the step then lasts
+# the **maximum** of N such times, and its expectation grows with N although no rank got slower,
+# `1 + cv E[max of N normals]`, where `E[max]` is 1.42 at 8 ranks, 3.25 at 1,024 and 3.97 at 16,384
+# (`preflight.models.stragglers`, integrated; Blom's approximation and the large-N `sqrt(2 ln N)`
+# shown beside it). So 2 % of jitter costs about 3 % on one node and 6.5 % at 1,024 GPUs. The saying "a
+# few slow GPUs don't matter at scale" has it backwards. A trace audit measures both sides: the step
+# spread across ranks, and who arrives last at each collective (`load_balance/trace_collective_wait`,
+# section "Your job's traces"). One persistently slow rank is worse still: it sets the pace every step.
+
+# %%
+from preflight.models import stragglers as ST
+
+cv0 = prof.training.step_jitter_cv or 0.02
+print(f"{prof.gpus:,} GPUs, per-rank jitter {cv0:.1%}" + ("" if prof.training.step_jitter_cv else " (a scenario: "
+      "training.step_jitter_cv is not set)") + f": expected step {ST.slowdown(prof.gpus, cv0):.3f}x the mean rank's; "
+      f"Monte Carlo over 200 steps: {ST.simulate_slowdown(min(prof.gpus, 16384), cv0, steps=200):.3f}x.")
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import straggler_explorer
+    display(straggler_explorer(prof.gpus, cv0))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
 # ## Your job's traces
 #
 # Across ranks, without trusting the hosts' clocks: each collective is found on every rank of its

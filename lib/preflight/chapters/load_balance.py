@@ -41,6 +41,38 @@ def lengths(profile: Profile, profile_path: str | Path | None = None):
                                  max_len=profile.model.seq_len, seed=0)
 
 
+STRAGGLER_WARN, STRAGGLER_FAIL = 0.05, 0.15     # expected step time lost to the slowest rank
+JITTER_SCENARIOS = (0.01, 0.02, 0.05)
+
+
+def add_straggler_finding(sink: FindingSink, profile: Profile) -> None:
+    """``load_balance/straggler_slowdown``: a synchronous step lasts as long as its slowest rank
+    (``preflight.models.stragglers``): ``1 + cv E[max of N]`` with the profile's per-rank jitter, judged;
+    without it, what 1, 2 and 5 % would cost at this many GPUs (info)."""
+    from preflight.models import stragglers as ST
+
+    n, cv = profile.gpus, profile.training.step_jitter_cv
+    e = ST.expected_max_normal(n)
+    scen = ", ".join(f"{c:.0%} -> +{ST.slowdown(n, c) - 1:.1%}" for c in JITTER_SCENARIOS)
+    words = judge(None, warn=STRAGGLER_WARN, fail=STRAGGLER_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
+    if cv is None:
+        sink.add(id="load_balance/straggler_slowdown", value=None, unit="fraction", verdict="info", threshold=words,
+                 message=(f"Each step waits for the slowest of {n:,} ranks: per-rank jitter cv costs cv x {e:.2f} "
+                          f"(the expected maximum of {n:,} normals); {scen}. Set training.step_jitter_cv to judge it."),
+                 fix="Measure the jitter: the traces' step spread (python -m preflight traces), or per-rank step times.",
+                 source=PROFILE_SOURCE)
+        return
+    lost = ST.slowdown(n, cv) - 1
+    v, words = judge(lost, warn=STRAGGLER_WARN, fail=STRAGGLER_FAIL, higher_is_better=False, fmt="{:.0%}")
+    sink.add(id="load_balance/straggler_slowdown", value=lost, unit="fraction", verdict=v, threshold=words,
+             message=(f"With {cv:.1%} per-rank step-time jitter each step waits for the slowest of {n:,} ranks: "
+                      f"+{lost:.1%} (1 + cv x {e:.2f}); the same jitter on 8 ranks costs +{ST.slowdown(8, cv) - 1:.1%}."),
+             fix=("Nothing to fix here." if v == "pass" else
+                  "Find and fix the noisy ranks (trace audit: who arrives last; pin CPU threads, check clocks and "
+                  "thermals), or shrink the barrier's reach (fewer synchronous points per step)."),
+             source=PROFILE_SOURCE)
+
+
 def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None) -> pd.DataFrame:
     """Padding waste and pipeline bubble of the plan; returns the padding table."""
     lens = lengths(profile, profile_path)
@@ -91,6 +123,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
              threshold="recorded for reference (Narayanan et al. 2021's bubble time fraction)",
              message=f"{plan}: bubble time over ideal compute time (p-1)/(v m) = {over:.1%}.",
              fix="More micro-batches or interleaving.", source=PROFILE_SOURCE)
+    add_straggler_finding(sink, profile)
     return table
 
 

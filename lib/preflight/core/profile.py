@@ -141,6 +141,9 @@ class Training(_Strict):
     overlap_param_gather: bool | None = Field(None, description="weight all-gathers overlapped with compute "
                                               "(Megatron --overlap-param-gather, ZeRO-3 / FSDP prefetch); empty: "
                                               "the framework's default")
+    step_jitter_cv: Annotated[float | None, Field(ge=0, le=1, description="per-rank step-time jitter, standard "
+                              "deviation over mean (e.g. 0.02; the traces' step spread measures it); empty: not "
+                              "judged, chapter 4 shows what 1-5 % would cost")] = None
     shard_group: Literal["dp", "node"] = Field("dp", description="ZeRO / FSDP sharding group: dp = every data-"
                                                "parallel rank; node = the ranks of one node, replicated across "
                                                "nodes (HSDP)")

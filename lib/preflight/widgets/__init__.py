@@ -16,4 +16,4 @@ from preflight.widgets.communication import allreduce_explorer  # noqa: F401
 from preflight.widgets.core import _log_slider, explorer, readout  # noqa: F401
 from preflight.widgets.data_pipeline import listing_explorer, supply_explorer  # noqa: F401
 from preflight.widgets.fault_tolerance import failure_explorer, interval_explorer  # noqa: F401
-from preflight.widgets.load_balance import bubble_explorer  # noqa: F401
+from preflight.widgets.load_balance import bubble_explorer, straggler_explorer  # noqa: F401

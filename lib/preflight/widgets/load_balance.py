@@ -76,6 +76,49 @@ def bubble_explorer(p: int, m: int, schedule: str, v: int = 1) -> W.VBox:
     return explorer(controls, compute, "Pipeline bubble explorer")
 
 
+def straggler_explorer(gpus: int, cv: float = 0.02) -> W.VBox:
+    """Sliders: ranks N (log2) and per-rank step-time jitter cv -> the expected step over the mean rank's,
+    ``1 + cv E[max of N normals]`` (``preflight.models.stragglers``), Blom's approximation and the
+    large-N ``sqrt(2 ln N)`` beside it, a Monte Carlo check; the curve over N redrawn."""
+    import math
+
+    import pandas as pd
+
+    from preflight.models import stragglers as S
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    top = max(14, math.ceil(math.log2(max(gpus, 2))))
+    controls = {
+        "log2_n": W.IntSlider(value=max(1, round(math.log2(max(gpus, 2)))), min=1, max=top,
+                              description="log2 N (ranks)", style=style, layout=layout),
+        "cv": W.FloatSlider(value=min(0.1, max(0.0, cv)), min=0.0, max=0.1, step=0.005, readout_format=".1%",
+                            description="per-rank jitter cv", style=style, layout=layout),
+    }
+
+    def compute(log2_n, cv):
+        n = 2 ** log2_n
+        e = S.expected_max_normal(n)
+        sim = S.simulate_slowdown(n, cv, steps=max(50, 200_000 // n), seed=1) if n <= 16384 else None
+        text = readout({
+            "n": ("ranks N", f"{n:,}"),
+            "slowdown": ("expected step / mean rank's step, 1 + cv E[max]", f"{1 + cv * e:.3f}x"),
+            "lost": ("time lost to waiting for the slowest", f"{cv * e / (1 + cv * e):.1%} of the step"),
+            "emax": ("E[max of N normals] (integrated)", f"{e:.3f}"),
+            "blom": ("Blom's approximation", f"{S.blom(n):.3f}"),
+            "asymptote": ("large-N sqrt(2 ln N) (overstates)", f"{S.large_n(n):.3f}"),
+            **({"simulated": ("Monte Carlo check", f"{sim:.3f}x")} if sim is not None else {}),
+        })
+        df = pd.DataFrame([{"ranks": 2 ** k, "slowdown": 1 + c * S.expected_max_normal(2 ** k), "jitter": f"cv {c:.1%}"}
+                           for c in sorted({0.01, 0.02, 0.05, round(cv, 4)}) if c > 0 for k in range(1, top + 1)])
+        if df.empty:
+            df = pd.DataFrame([{"ranks": 2 ** k, "slowdown": 1.0, "jitter": "cv 0%"} for k in range(1, top + 1)])
+        return text, charts.curves(df, "ranks", "slowdown", "jitter", mark_x=n, log_y=False,
+                                   title="Expected step time over the mean rank's: the slowest of N sets the pace",
+                                   y_format=".2f", x_title="ranks N")
+
+    return explorer(controls, compute, "Straggler explorer: a synchronous step waits for the slowest rank")
+
+
 # -- chapter 5: failures and checkpoint intervals ----------------------------------------------------
 # Numbers are written the way people read them: three significant digits, thousands separators, no
 # scientific notation except for probabilities per node-day (1.0e-4), durations in the unit that fits.
