@@ -46,8 +46,15 @@ def test_unknown_chips_have_no_peak_and_no_mfu(name):
 
 
 def test_unknown_dtype_has_no_peak():
-    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8") is None
+    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "int4") is None
     assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 67.0
+
+
+def test_fp8_peaks_are_the_datasheets_dense_figures():
+    # half of the "*" sparse figure: H100 SXM 3,958* -> 1,979; B200 9 PFLOPS* -> 4,500; A100 has no FP8
+    assert hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8") == 1979.0
+    assert hardware.peak_tflops("B200", "fp8") == 4500.0 and hardware.peak_tflops("A100-SXM", "fp8") is None
+    assert all(c.fp8_tflops is None or c.fp8_tflops >= 1.9 * c.bf16_tflops for c in hardware.CHIPS.values())
 
 
 @pytest.mark.parametrize("key, bf16, fp32, tf32, GBps, GB", [

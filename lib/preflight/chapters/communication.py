@@ -30,7 +30,7 @@ def allreduce_plan(profile: Profile) -> comm.AllreducePlan:
     return comm.allreduce_plan(m.params, profile.dp, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
                                intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
                                nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
-                               compute_s=compute_s, serial_s=serial_s)
+                               compute_s=compute_s, serial_s=serial_s, in_network=c.in_network)
 
 
 def plan(profile: Profile) -> dict:

@@ -34,7 +34,8 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
                   schedule=t.pipeline_schedule if t.pp > 1 else "1f1b", microbatches=t.microbatches,
                   interleave=t.interleave if t.pp > 1 else 1, attention=m.attention, mlp=m.mlp,
                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, dropout=m.dropout, framework=t.framework,
-                  shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None)
+                  shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None,
+                  fp8=t.fp8)
     fields.update(changes)
     return M.Plan(**fields)
 

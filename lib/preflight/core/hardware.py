@@ -24,15 +24,21 @@ class Chip:
     memory_GB: float        # device memory as marketed ("80GB" is 80 GiB of HBM; torch reports bytes)
     nvlink_GBps: float | None  # per-GPU scale-up link bandwidth, GB/s, both directions summed
     source: str
+    fp8_tflops: float | None = None  # dense FP8 tensor-core, TFLOP/s (None: no FP8 tensor cores)
 
     def peak_tflops(self, dtype: str) -> float | None:
         return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "fp32": self.fp32_tflops,
-                "tf32": self.tf32_tflops}.get(dtype)
+                "tf32": self.tf32_tflops, "fp8": self.fp8_tflops}.get(dtype)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+# FP8 (``fp8_tflops``): the same datasheets' FP8 tensor-core rows, dense (half the "*" sparse figure):
+# H100 SXM / H200 SXM / GH200 3,958* -> 1,979; H100 PCIe 3,026* -> 1,513; H100 / H200 NVL 3,341* -> 1,670.5;
+# B200 9 PFLOPS* -> 4,500; GB200 10 PFLOPS* -> 5,000; L40S 1,466* -> 733; MI300X 2,614.9 dense. A100 has none.
+# MFU stays stated against the bf16 peak even for fp8 runs (the common convention: the FP8 peak would halve
+# the figure and hide that the same model now runs faster; say which peak when comparing).
 # Datasheets, one home each (a row's ``source`` names the column it was read from). "*" figures on NVIDIA
 # datasheets are with 2:4 structured sparsity; the dense rate stored here is half of them, or the dense
 # figure itself where the datasheet prints one (GH200, L40S).
@@ -58,39 +64,40 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
          f"600 GB/s ({_A100})"),
     Chip("H100-SXM", 989.5, 989.5, 67.0, 494.5, 3350.0, 80.0, 900.0,
          f"NVIDIA H100 datasheet, H100 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 80 GB, 3.35 TB/s, "
-         f"NVLink 900 GB/s ({_H100})"),
+         f"NVLink 900 GB/s ({_H100})", fp8_tflops=1979.0),
     Chip("H100-PCIe", 756.5, 756.5, 51.0, 378.0, 2000.0, 80.0, 600.0,
          f"NVIDIA H100 datasheet, earlier revision's H100 PCIe column: BF16/FP16 1,513*, TF32 756*, FP32 51, "
-         f"80 GB HBM2e, 2 TB/s, NVLink bridge 600 GB/s (the current revision lists H100 NVL instead; {_H100})"),
+         f"80 GB HBM2e, 2 TB/s, NVLink bridge 600 GB/s (the current revision lists H100 NVL instead; {_H100})",
+         fp8_tflops=1513.0),
     Chip("H100-NVL", 835.5, 835.5, 60.0, 417.5, 3900.0, 94.0, 600.0,
          f"NVIDIA H100 datasheet, H100 NVL (per GPU): BF16/FP16 1,671*, TF32 835*, FP32 60, 94 GB, 3.9 TB/s, "
-         f"NVLink 600 GB/s ({_H100})"),
+         f"NVLink 600 GB/s ({_H100})", fp8_tflops=1670.5),
     Chip("H200-NVL", 835.5, 835.5, 60.0, 417.5, 4800.0, 141.0, 900.0,
          f"NVIDIA H200 product page, H200 NVL: BF16/FP16 1,671*, TF32 835*, FP32 60, 141 GB, 4.8 TB/s, "
          f"2- or 4-way NVLink bridge 900 GB/s per GPU ({_H200}; a copy of the H200 datasheet PDF is "
-         "reported to print 4.2 TB/s for the NVL: measure it)"),
+         "reported to print 4.2 TB/s for the NVL: measure it)", fp8_tflops=1670.5),
     Chip("H200-SXM", 989.5, 989.5, 67.0, 494.5, 4800.0, 141.0, 900.0,
          f"NVIDIA H200 product page, H200 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 141 GB, 4.8 TB/s, "
-         f"NVLink 900 GB/s ({_H200})"),
+         f"NVLink 900 GB/s ({_H200})", fp8_tflops=1979.0),
     Chip("GH200", 990.0, 990.0, 67.0, 494.0, 4000.0, 96.0, None,
          f"NVIDIA GH200 Grace Hopper Superchip datasheet, GH200 (96GB HBM3): BF16/FP16 990 dense, TF32 494 "
          f"dense, FP32 67, up to 4 TB/s; NVLink-C2C 900 GB/s is CPU-GPU, GPU-GPU NVLink depends on the "
-         f"system ({_GH200})"),
+         f"system ({_GH200})", fp8_tflops=1979.0),
     Chip("GH200-144GB", 990.0, 990.0, 67.0, 494.0, 4900.0, 144.0, None,
          f"NVIDIA GH200 Grace Hopper Superchip datasheet, GH200 (144GB HBM3e): compute as the 96GB part, "
-         f"up to 4.9 TB/s ({_GH200})"),
+         f"up to 4.9 TB/s ({_GH200})", fp8_tflops=1979.0),
     Chip("B200", 2250.0, 2250.0, 75.0, 1100.0, 7700.0, 180.0, 1800.0,
          f"NVIDIA Blackwell datasheet, HGX B200 per GPU: BF16/FP16 4.5 PFLOPS*, TF32 2.2 PFLOPS*, FP32 75, "
-         f"180 GB HBM3E, 7.7 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})"),
+         f"180 GB HBM3E, 7.7 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})", fp8_tflops=4500.0),
     Chip("GB200", 2500.0, 2500.0, 80.0, 1250.0, 8000.0, 186.0, 1800.0,
          f"NVIDIA Blackwell datasheet, GB200 NVL72 per GPU: BF16/FP16 5 PFLOPS*, TF32 2.5 PFLOPS*, FP32 80, "
-         f"186 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})"),
+         f"186 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})", fp8_tflops=5000.0),
     Chip("L40S", 362.05, 362.05, 91.6, 183.0, 864.0, 48.0, None,
          f"NVIDIA L40S product page: BF16/FP16 362.05 | 733*, 48 GB GDDR6, 864 GB/s, no NVLink ({_L40S}; "
-         "TF32 183 and FP32 91.6 not re-checked)"),
+         "TF32 183 and FP32 91.6 not re-checked)", fp8_tflops=733.0),
     Chip("MI300X", 1307.4, 1307.4, 163.4, 653.7, 5300.0, 192.0, 896.0,
          "AMD Instinct MI300X datasheet: FP16/BF16 1,307.4 dense, 192 GB HBM3, 5.3 TB/s, Infinity Fabric "
-         "7 links x 128 GB/s (FP32 163.4 and TF32 653.7 not re-checked)"),
+         "7 links x 128 GB/s (FP32 163.4 and TF32 653.7 not re-checked)", fp8_tflops=2614.9),
 ]}
 
 # Device names as drivers report them -> table key. First match wins, so the order runs from specific to

@@ -84,7 +84,12 @@ class Cluster(_Strict):
     gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
-    intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s")] = 450.0
+    intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s, "
+                               "one direction: the line rate (H100: 450); rings reach ~80 % of it (~370 GB/s "
+                               "busbw on H100, NCCL maintainers, nccl-tests#212): enter your measured busbw")] = 450.0
+    in_network: Literal["none", "nvls", "sharp", "nvls+sharp"] = Field(
+        "none", description="in-network reduction of all-reduces: nvls = NVLink SHARP inside a node (~30 % more "
+        "busbw on 8 GPUs), sharp = InfiniBand SHARP across nodes (the buffer crosses each NIC once)")
     inter_node_Gbps: Annotated[float, Field(ge=1e-3, le=100_000, description="bandwidth of one inter-node NIC, "
                                             "Gb/s (bits)")] = 200.0
     nics_per_node: Annotated[int | None, Field(ge=1, le=64, description="inter-node NICs per node; empty: one "
@@ -141,6 +146,8 @@ class Training(_Strict):
     overlap_param_gather: bool | None = Field(None, description="weight all-gathers overlapped with compute "
                                               "(Megatron --overlap-param-gather, ZeRO-3 / FSDP prefetch); empty: "
                                               "the framework's default")
+    fp8: bool = Field(False, description="FP8 GEMMs (Transformer Engine, torchao): matmuls at the chip's FP8 "
+                      "peak, an fp8 copy and transpose of each weight held; MFU stays stated against the bf16 peak")
     step_jitter_cv: Annotated[float | None, Field(ge=0, le=1, description="per-rank step-time jitter, standard "
                               "deviation over mean (e.g. 0.02; the traces' step spread measures it); empty: not "
                               "judged, chapter 4 shows what 1-5 % would cost")] = None
@@ -228,6 +235,9 @@ class Profile(_Strict):
             raise ValueError(f"training.zero_stage = {t.zero_stage} is not available with training.framework = "
                              f"{t.framework}: accepted {', '.join(map(str, stages))} (megatron: 1 = distributed "
                              "optimizer; fsdp2 always shards weights, gradients and optimizer state: set 3)")
+        if t.fp8 and self.cluster.gpu != "auto" and CHIPS[self.cluster.gpu].fp8_tflops is None:
+            raise ValueError(f"training.fp8 = true: cluster.gpu = {self.cluster.gpu} has no FP8 tensor cores; "
+                             "accepted: a chip with an fp8 peak in `python -m preflight chips` (H100, H200, B200...)")
         if t.pipeline_schedule != "interleaved" and t.interleave != 1:
             raise ValueError(f"training.interleave = {t.interleave} needs pipeline_schedule: interleaved")
         return self

@@ -42,6 +42,17 @@ from preflight.core.hardware import INTER_NODE_LATENCY_S, INTRA_NODE_LATENCY_S
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 
+# In-network reduction: the switches add the gradients, so a rank sends its buffer once and receives the
+# sum once, instead of a ring's 2 (D-1)/D.
+# - NVLS (NVLink SHARP, NVSwitch 3 on H100 / H200 / B200 HGX): an 8-GPU all-reduce reaches ~480 GB/s
+#   "busbw" (nccl-tests' ring formula) where rings reach ~370 GB/s of the 450 GB/s line rate, about 30 %
+#   more (S. Jeaugey, NCCL maintainer, NVIDIA/nccl-tests#212 and NVIDIA/nccl#1442); measured: the gain
+#   appears from 5 local GPUs up (370 -> 420, 440, 460, 480 GB/s at 5-8 GPUs, NVIDIA/nccl#1455).
+# - SHARP on InfiniBand (CollNet / NVLS+SHARP across nodes): the inter-node all-reduce crosses each NIC
+#   once instead of 2 (D-1)/D times (nccl-tests' PERFORMANCE.md: busbw then no longer measures the wire).
+IN_NETWORK = ("none", "nvls", "sharp", "nvls+sharp")
+NVLS_GAIN, NVLS_MIN_LOCAL = 480.0 / 370.0, 5
+
 
 def gbps_to_GBps(gbit_per_s: float) -> float:
     """Network links are quoted in Gb/s (bits); memory and buses in GB/s (bytes)."""
@@ -202,7 +213,7 @@ def _check(name: str, value, ok: bool, what: str) -> None:
 def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1, pp: int = 1, *,
                    gpus_per_node: int, intra_node_GBps: float, inter_node_Gbps: float,
                    compute_s: float, serial_s: float = 0.0, nics_per_node: int | None = None,
-                   microbatches: int = 1) -> AllreducePlan:
+                   microbatches: int = 1, in_network: str = "none") -> AllreducePlan:
     """The gradient all-reduce of one data-parallel step: bytes, placement, time, busbw, bounds.
 
     With ``M`` parameters, ``D = dp`` ranks, ``b`` bytes per gradient element and ``S = M/(tp pp) b``:
@@ -219,7 +230,9 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
       can start only in the last micro-batch's backward: ``hide_window = 2/3 compute / microbatches``
       (with pp the drain can hide more; this bound is the conservative one);
     * efficiency (per-GPU batch fixed, ``W = serial_s + compute_s``): no overlap ``W / (W + t)``; full
-      overlap ``W / (W + max(0, t - hide_window))``.
+      overlap ``W / (W + max(0, t - hide_window))``;
+    * ``in_network`` (``IN_NETWORK``): NVLS inside a node (busbw x ``NVLS_GAIN`` with 5 or more local
+      ranks), SHARP across nodes (the volume is ``S``, not ``2 (D-1)/D S``).
 
     Field case: 7e9 fp32 parameters, D = 1024 on 8-GPU nodes, one 200 Gb/s NIC per GPU: V = 55.9 GB per
     rank, busbw 8 x 25 = 200 GB/s, 0.30 s (flat: 2.26 s). ``D = 1`` moves nothing and takes no time.
@@ -236,6 +249,7 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
         _check(name, v, isinstance(v, Real) and v > 0, "> 0")
     _check("serial_s", serial_s, isinstance(serial_s, Real) and serial_s >= 0, ">= 0")
     _check("grad_dtype", grad_dtype, grad_dtype in BYTES_PER_ELEMENT, f"one of {sorted(BYTES_PER_ELEMENT)}")
+    _check("in_network", in_network, in_network in IN_NETWORK, f"one of {IN_NETWORK}")
     dp, tp, pp, gpn, m = int(dp), int(tp), int(pp), int(gpus_per_node), int(microbatches)
     nics = gpn if nics_per_node is None else int(nics_per_node)
 
@@ -248,7 +262,15 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
            f"dp={dp} ranks (tp={tp}, pp={pp}, {gpn}-GPU nodes): {link.why}")
     ring_lat = 2 * (dp - 1) * link.latency_s
     tree_lat = 2 * math.ceil(math.log2(dp)) * link.latency_s if dp > 1 else 0.0
-    t = volume / (link.busbw_GBps * 1e9) + ring_lat if dp > 1 else 0.0
+    busbw = link.busbw_GBps
+    if in_network in ("nvls", "nvls+sharp") and link.name == "intra-node" and place.ranks_per_node >= NVLS_MIN_LOCAL:
+        busbw *= NVLS_GAIN
+        why += f"; NVLink SHARP: busbw x {NVLS_GAIN:.2f}"
+    if in_network in ("sharp", "nvls+sharp") and link.name == "inter-node" and dp > 1:
+        volume = buffer                        # each rank sends its buffer once; the switches add
+        ring_lat = tree_lat
+        why += "; SHARP: the network reduces, each NIC carries the buffer once"
+    t = volume / (busbw * 1e9) + ring_lat if dp > 1 else 0.0
     nic = gbps_to_GBps(inter_node_Gbps)
     if link.name == "inter-node":
         flat = volume / (nic * 1e9) + ring_lat
@@ -264,7 +286,7 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
         dp=dp, tp=tp, pp=pp, grad_dtype=grad_dtype, buffer_bytes=buffer, bytes_per_rank=volume,
         ranks_per_node=place.ranks_per_node, nodes=place.nodes, groups_per_node=place.groups_per_node,
         nics_per_node=nics, nics_per_group=link.nics_per_group, link=link.name, link_why=why,
-        busbw_GBps=link.busbw_GBps, latency_s=link.latency_s, ring_latency_s=ring_lat, tree_latency_s=tree_lat,
+        busbw_GBps=busbw, latency_s=link.latency_s, ring_latency_s=ring_lat, tree_latency_s=tree_lat,
         time_s=t, flat_s=flat, flat_why=flat_why, compute_s=compute_s, work_s=work, microbatches=m,
         hide_window_s=window, ratio=t / compute_s, exposed_overlap_s=exposed,
         efficiency_no_overlap=work / (work + t), efficiency_full_overlap=work / (work + exposed))

@@ -55,7 +55,7 @@ from .pipeline import SCHEDULE_LABELS, SCHEDULES, activation_memory_microbatches
 # How a page names each term of the plan (the chart's legend, the chapter's table).
 TERM_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
                "activations": "activations (layers)", "activations_output": "activations (embedding, output)",
-               "framework": "framework allowance"}
+               "framework": "framework allowance", "fp8_weights": "fp8 weight copies"}
 
 __all__ = ["ATTENTION", "MLP", "RECOMPUTE", "Plan", "fits", "layer_activation_bytes", "terms", "total_bytes"]
 
@@ -70,6 +70,7 @@ PRECISIONS = ("mixed", "fp32")
 # logits.float() (torchtitan, most FSDP2 loops) holds the bf16 logits, the fp32 copy and its fp32
 # gradient at the start of the backward: 2 + 4 + 4.
 LOGIT_BYTES = {"megatron": 4, "deepspeed": 4, "fsdp2": 10}
+FP8_WEIGHT_BYTES = 2                # fp8 weight + fp8 transpose per weight held for compute
 SRC_ACT = "Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1-4.2, Table 2, generalised (models/activations.py)"
 
 
@@ -104,6 +105,7 @@ class Plan:
     dropout: float = 0.1
     framework: str = "deepspeed"
     shard_group_gpus: int | None = None
+    fp8: bool = False               # FP8 GEMMs (Transformer Engine): an fp8 weight copy and its transpose
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch_size", "tp", "pp",
@@ -203,6 +205,12 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
                                 S.layer_params(p.hidden, p.heads, p.kv, p.ffn, p.mlp), p.tp, lps)
     if gathered:
         rows.append(("gathered_params", *gathered, src + "; prefetch of the next layer"))
+    if p.fp8:       # per weight held for compute: the whole share, or (ZeRO-3) the gathered layers only
+        held = per_gpu if not gathered else gathered[0] / A.ELEMENT_BYTES[p.precision]
+        rows.append(("fp8_weights", FP8_WEIGHT_BYTES * held,
+                     f"{FP8_WEIGHT_BYTES} B x {num(held)} weights held (an fp8 copy and its fp8 transpose)",
+                     "Transformer Engine: FP8 GEMMs cast each weight to fp8 and keep its transpose for the "
+                     "backward (per step, with fp8_model_params off)"))
     k = {"first": 0, "last": p.pp - 1}[stage]
     n = 1.0 if p.pp == 1 else activation_memory_microbatches(p.pp, p.microbatches, p.schedule, k,
                                                              p.interleave)

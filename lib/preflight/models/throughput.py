@@ -144,6 +144,7 @@ class Model:
     vocab: int = 0
     ffn_hidden: int | None = None
     causal_flash: bool = False        # a causal flash kernel executes half of attention's FLOPs
+    matmul_speedup: float = 1.0       # fp8 GEMMs: the chip's fp8 peak over its bf16 peak (attention stays bf16)
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,9 @@ class StepTime:
 
 
 def layer_flops(m: Model, tokens: float, recompute: str) -> tuple[float, float]:
-    """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute)."""
-    n_layer = max(0.0, m.params - 2.0 * m.vocab * m.hidden) / m.layers
+    """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute),
+    in bf16-equivalent FLOPs (fp8 matmuls count 1 / ``matmul_speedup``)."""
+    n_layer = max(0.0, m.params - 2.0 * m.vocab * m.hidden) / m.layers / m.matmul_speedup   # bf16-equivalent
     attn = 4.0 * m.hidden * m.seq_len * (0.5 if m.causal_flash else 1.0)       # forward, per token
     fwd = (2.0 * n_layer + attn) * tokens
     again = {"none": 0.0, "selective": attn * tokens, "op_selective": n_layer * tokens,
