@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from conftest import plan_findings
+from conftest import example_with, plan_findings
 from preflight.chapters import fault_tolerance as C
+from preflight.core.profile import parse_profile
 from preflight.models import resilience as R
 
 
@@ -116,3 +117,34 @@ def test_rates_table_puts_both_rates_side_by_side():
     assert t.loc["P(at least one failure per day)"].tolist() == ["1.27%", "38.4%"]
     assert t.loc["interval used", "profile's rate"] == "3 h"
     assert t.loc["waste verdict"].tolist() == ["pass", "pass"]
+
+
+def test_checkpoint_cost_from_the_states_bytes_and_the_write_bandwidth():
+    """C = bytes per parameter a checkpoint saves x params / aggregate write bandwidth: 7B with DeepSpeed
+    (2 + 4 + 8 = 14 B/param: weights, fp32 master, Adam's m and v; no gradients) at 10 GB/s: 9.8 s. An
+    explicit training.checkpoint_write_s overrides it."""
+    from preflight.chapters import fault_tolerance as F
+    from preflight.models import resilience as R
+
+    assert R.checkpoint_seconds(7e9, "deepspeed", 10.0) == pytest.approx(9.8)
+    assert R.checkpoint_seconds(7e9, "fsdp2", 10.0) == pytest.approx(8.4)
+    d = example_with(cluster__checkpoint_write_GBps=10.0)
+    del d["training"]["checkpoint_write_s"]
+    C, how = F.checkpoint_cost(parse_profile(d))
+    assert C == pytest.approx(9.8) and "14 B/param" in how
+    C, how = F.checkpoint_cost(parse_profile(example_with(cluster__checkpoint_write_GBps=10.0)))
+    assert C == 60 and how == "training.checkpoint_write_s"          # the example sets it: the override
+    _, f = plan_findings(F.add_plan_findings, cluster__checkpoint_write_GBps=10.0)
+    assert "fault_tolerance/checkpoint_write_s" in f
+
+
+def test_queue_wait_after_requeues_is_waste():
+    """30 days in 24 h allocations with 2 h in the queue after each: 29 requeues x 2 h = 58 h of 778."""
+    from preflight.chapters import fault_tolerance as F
+    from preflight.models import resilience as R
+
+    w = R.queue_waste(7200, 0.0, 30 * 86400, 24)
+    assert w == pytest.approx(29 * 7200 / (30 * 86400 + 29 * 7200))
+    base = F.plan(parse_profile(example_with()))
+    queued = F.plan(parse_profile(example_with(cluster__queue_wait_s=7200, cluster__walltime_h=24)))
+    assert queued["waste_plan"] > base["waste_plan"] + 0.05 and queued["R"] == base["R"] + 7200

@@ -33,7 +33,7 @@ def test_the_finding_is_judged_with_the_profiles_jitter_and_a_scenario_without()
     _, f = plan_findings(C.add_plan_findings)
     s = f["load_balance/straggler_slowdown"]
     assert s.verdict == "info" and s.value is None
-    assert "1% -> +3.2%, 2% -> +6.5%, 5% -> +16.2%" in s.message and "training.step_jitter_cv" in s.message
+    assert "1% -> +3.2%, 2% -> +6.5%, 5% -> +16.2%" in s.message and "Not judged (training.step_jitter_cv" in s.message
     _, f = plan_findings(C.add_plan_findings, training__step_jitter_cv=0.05)
     s = f["load_balance/straggler_slowdown"]
     assert s.verdict == "fail" and s.value == pytest.approx(S.slowdown(1024, 0.05) - 1)

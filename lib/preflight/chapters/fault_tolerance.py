@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from preflight.core.findings import FindingSink, judge
-from preflight.core.numfmt import duration, factor, num, pct, percent, plural, sci
+from preflight.core.numfmt import duration, factor, num, pct, percent, plural, sci, seconds
 from preflight.core.profile import Profile
 from preflight.models import resilience as R
 
@@ -34,26 +34,44 @@ WALLTIME_WARN, WALLTIME_FAIL = 0.5, 1.0
 STALL_WARN, STALL_FAIL = 0.5, 1.0
 
 
+def checkpoint_cost(profile: Profile) -> tuple[float, str]:
+    """C, seconds to write one checkpoint, and how it was obtained: ``training.checkpoint_write_s`` when
+    the profile gives it, else from the state's bytes over ``cluster.checkpoint_write_GBps``, else the
+    field's default."""
+    c, t = profile.cluster, profile.training
+    if "checkpoint_write_s" in t.model_fields_set or c.checkpoint_write_GBps is None:
+        return t.checkpoint_write_s, ("training.checkpoint_write_s" if "checkpoint_write_s" in t.model_fields_set
+                                      else "training.checkpoint_write_s's default (set it, or the write bandwidth)")
+    per = R.CHECKPOINT_BYTES_PER_PARAM[t.framework]
+    C = R.checkpoint_seconds(profile.model.params, t.framework, c.checkpoint_write_GBps)
+    return C, (f"{per} B/param ({t.framework}: 16-bit or fp32 weights and Adam's state, no gradients) x "
+               f"{profile.model.params:.3g} params / {c.checkpoint_write_GBps:g} GB/s")
+
+
 def plan(profile: Profile, p_node_day: float | None = None) -> dict:
     """The plan's failure and checkpoint numbers, in seconds and fractions, under the profile's daily
     per-node failure probability or under ``p_node_day`` (e.g. ``R.LLAMA3_P_NODE_DAY``)."""
     c, t = profile.cluster, profile.training
+    C, C_how = checkpoint_cost(profile)
     p_node = c.node_failure_per_day if p_node_day is None else p_node_day
     mtbf_h = R.system_mtbf_h(p_node, c.nodes)
     m_s = mtbf_h * 3600
-    young = R.young_interval(t.checkpoint_write_s, m_s)
-    daly = R.daly_interval(t.checkpoint_write_s, m_s)
+    young = R.young_interval(C, m_s)
+    daly = R.daly_interval(C, m_s)
     # no failures (M infinite): the checkpoint exists for the walltime; free writes (C = 0): every step
     daly = c.walltime_h * 3600 if math.isinf(m_s) else min(max(daly, t.step_compute_s + t.step_serial_s),
                                                             c.walltime_h * 3600)
     chosen = t.checkpoint_interval_s or daly
+    # waiting in the queue after each allocation that ends at the walltime (failures pay it in R above)
+    queue = R.queue_waste(c.queue_wait_s, 0.0, t.run_days * 86400, c.walltime_h)
     return {"p_node_day": p_node, "p_day": R.failure_prob(p_node, c.nodes, 1.0),
             "p_run": R.failure_prob(p_node, c.nodes, t.run_days),
             "failures_run": R.run_failures(p_node, c.nodes, t.run_days),
-            "mtbf_h": mtbf_h, "C": t.checkpoint_write_s, "R": t.restart_s,
+            "mtbf_h": mtbf_h, "C": C, "C_how": C_how, "R": t.restart_s + c.queue_wait_s,
             "young_s": young, "daly_s": daly, "plan_s": t.checkpoint_interval_s, "interval_s": chosen,
-            "waste_opt": R.daly_waste(daly, t.checkpoint_write_s, t.restart_s, m_s),
-            "waste_plan": R.daly_waste(chosen, t.checkpoint_write_s, t.restart_s, m_s),
+            "waste_opt": R.daly_waste(daly, C, t.restart_s + c.queue_wait_s, m_s) + queue,
+            "waste_plan": R.daly_waste(chosen, C, t.restart_s + c.queue_wait_s, m_s) + queue,
+            "queue_waste": queue,
             "walltime_ratio": R.walltime_fit(chosen, c.walltime_h)}
 
 
@@ -143,6 +161,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
     plan_words = (f"the plan's {duration(p['plan_s'])} costs {percent(extra)} of the run ({extra * gpu_h:,.0f} GPU-hours) over it"
                   if p["plan_s"] else "the plan names no interval, so its extra waste is unknown: set "
                   "training.checkpoint_interval_s")
+    sink.add(id="fault_tolerance/checkpoint_write_s", value=p["C"], unit="s", verdict="info",
+             threshold="recorded for reference (C of Young's and Daly's intervals)",
+             message=(f"One checkpoint takes C = {seconds(p['C'])} ({p['C_how']})"
+                      + (f"; each requeue waits {seconds(c.queue_wait_s)} in the queue, "
+                         f"{pct(p['queue_waste'])} of the run at the walltime's ends alone"
+                         if c.queue_wait_s else "") + "."),
+             fix=("Give cluster.checkpoint_write_GBps (the file system's aggregate write bandwidth) so C follows "
+                  "from the state's bytes, or measure it (chapter 5's checkpoint stall)."
+                  if "default" in p["C_how"] else "Nothing to fix here."),
+             source=PROFILE_SOURCE)
     sink.add(id="fault_tolerance/checkpoint_interval_opt_s", value=p["daly_s"], unit="s", verdict="info",
              threshold="recorded for reference (Daly's optimum; Young's sqrt(2 C M) beside it)",
              message=(f"Optimal interval for a {p['C']:g} s write and an MTBF of {_hours(p['mtbf_h'])}: "

@@ -57,8 +57,10 @@ def add_straggler_finding(sink: FindingSink, profile: Profile) -> None:
     words = judge(None, warn=STRAGGLER_WARN, fail=STRAGGLER_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
     if cv is None:
         sink.add(id="load_balance/straggler_slowdown", value=None, unit="fraction", verdict="info", threshold=words,
-                 message=(f"Each step waits for the slowest of {n:,} ranks: per-rank jitter cv costs cv x {e:.2f} "
-                          f"(the expected maximum of {n:,} normals); {scen}. Set training.step_jitter_cv to judge it."),
+                 message=("Not judged: one GPU waits for no other rank." if n == 1 else
+                           f"Not judged (training.step_jitter_cv is not set). Each step waits for the slowest of {n:,} "
+                           f"ranks: per-rank jitter cv costs cv x {e:.2f} (the expected maximum of {n:,} normals); "
+                           f"{scen}."),
                  fix="Measure the jitter: the traces' step spread (python -m preflight traces), or per-rank step times.",
                  source=PROFILE_SOURCE)
         return

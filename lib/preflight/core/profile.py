@@ -84,6 +84,11 @@ class Cluster(_Strict):
     gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
+    checkpoint_write_GBps: Annotated[float | None, Field(ge=1e-3, le=1e6, description="aggregate file-system write "
+                                     "bandwidth the job gets, GB/s: the checkpoint's time C follows from the state's "
+                                     "bytes (training.checkpoint_write_s, when given, overrides it)")] = None
+    queue_wait_s: Annotated[float, Field(ge=0, le=1e7, description="wait in the queue after each requeue (a "
+                                         "failure, an allocation's end) on a shared cluster, s")] = 0.0
     intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s, "
                                "one direction: the line rate (H100: 450); rings reach ~80 % of it (~370 GB/s "
                                "busbw on H100, NCCL maintainers, nccl-tests#212): enter your measured busbw")] = 450.0

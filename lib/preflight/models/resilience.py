@@ -136,6 +136,32 @@ def reference_points() -> pd.DataFrame:
 
 # -- how often to checkpoint -------------------------------------------------------------------------
 
+# What a checkpoint saves per parameter, by framework (the states of ``preflight.models.states`` less the
+# gradients, which are not saved): DeepSpeed and Megatron 16-bit weights 2 + fp32 master weights 4 + Adam's
+# m and v 8 = 14 B (DeepSpeed's mp_rank / zero_pp_rank files; Megatron's distributed checkpoint of the
+# distributed optimizer); FSDP2 fp32 sharded parameters 4 + m and v 8 = 12 B (torch.distributed.checkpoint
+# of model and optimizer state dicts).
+CHECKPOINT_BYTES_PER_PARAM = {"deepspeed": 14, "megatron": 14, "fsdp2": 12}
+
+
+def checkpoint_seconds(params: float, framework: str, write_GBps: float) -> float:
+    """C from bytes: the state a checkpoint saves (``CHECKPOINT_BYTES_PER_PARAM``) over the aggregate
+    write bandwidth the job gets from its file system (every rank writes its shard at once). 70B with
+    DeepSpeed at 100 GB/s: 980 GB in 9.8 s."""
+    _check("params", params, 0, strict=True)
+    _check("write_GBps", write_GBps, 0, strict=True)
+    return params * CHECKPOINT_BYTES_PER_PARAM[framework] / (write_GBps * 1e9)
+
+
+def queue_waste(queue_wait_s: float, failures_per_run: float, run_s: float, walltime_h: float) -> float:
+    """Share of the run spent waiting in the queue after requeues on a shared cluster: once per failure
+    and once per allocation that ends at the walltime (``run / walltime`` of them)."""
+    _check("queue_wait_s", queue_wait_s, 0)
+    _check("run_s", run_s, 0, strict=True)
+    requeues = failures_per_run + max(0.0, run_s / (walltime_h * 3600) - 1)
+    return queue_wait_s * requeues / (run_s + queue_wait_s * requeues)
+
+
 def young_interval(C: float, M: float) -> float:
     """Young's optimum compute time between checkpoints: ``sqrt(2 C M)``. C = 60 s, M = 24 h: 3,220 s.
 
