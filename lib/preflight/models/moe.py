@@ -1,0 +1,89 @@
+"""Mixture-of-experts: total vs active parameters, where the experts sit, and the all-to-alls they cost.
+
+A mixture-of-experts (MoE) layer replaces the dense MLP with ``E`` expert MLPs (each of hidden size
+``f_e``) and a router that sends each token to ``k`` of them (top-k), plus ``s`` shared experts every
+token goes through. A model with ``L_moe`` such layers holds all experts' weights but **computes with
+the active ones only**::
+
+    expert MLP       m_e = (3 if SwiGLU else 2) h f_e
+    N_total          = the profile's params (every expert counted)
+    N_active         = N_total - L_moe (E - k) m_e          (the routed experts a token does not visit)
+    FLOPs per token  = 6 N_active + 12 L h s                (Kaplan's 6N on the active parameters)
+
+Checked on the published counts (tests/test_moe.py): DeepSeek-V3, 671B total and 37B active (61 layers,
+58 MoE, 256 routed + 1 shared expert, top-8, f_e = 2048, h = 7168; DeepSeek-V3 technical report, sec.
+4.2); Mixtral 8x7B, 46.7B total and 12.9B active (32 layers, 8 experts, top-2, f_e = 14336; Mistral AI's
+release).
+
+**Expert parallelism (EP)**: the ``E`` experts of a layer are spread over ``ep`` GPUs (``E / ep`` each),
+carved out of the data-parallel ranks: the dense part is replicated over ``dp``, the experts over
+``dp / ep`` (their gradients reduce over that smaller group). Each MoE layer moves every token's hidden
+state to the GPUs of its ``k`` experts and back: two **all-to-alls** forward (dispatch, combine) and two
+backward, each of ``tokens x h x k`` 16-bit values, of which ``(ep - 1) / ep`` leave the GPU. Inside one
+NVLink domain (``ep <= gpus per node``, with tp 1) they run at NVLink speed; across nodes on the GPU's
+share of the NICs, which is why DeepSeek-V3 limits each token to 4 nodes (node-limited routing) and
+overlaps the all-to-alls with compute (DualPipe): counted blocking here, an upper bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MOE_DISPATCH_BYTES = 2             # 16-bit hidden states on the wire (DeepSeek-V3 dispatches in fp8: 1)
+
+
+@dataclass(frozen=True)
+class Experts:
+    experts: int                   # routed experts per MoE layer
+    top_k: int
+    expert_ffn: int                # f_e
+    moe_layers: int
+    shared: int = 0                # shared experts (every token)
+    swiglu: bool = True
+
+    def mlp_params(self, hidden: int) -> float:
+        """Weights of one expert MLP: ``(3 or 2) h f_e``."""
+        return (3 if self.swiglu else 2) * hidden * self.expert_ffn
+
+    def routed_params(self, hidden: int) -> float:
+        """Every routed expert of every MoE layer: the part EP shards."""
+        return self.moe_layers * self.experts * self.mlp_params(hidden)
+
+
+def active_params(total: float, hidden: int, e: Experts | None) -> float:
+    """``N_active = N_total - L_moe (E - k) m_e`` (the module's formula); ``total`` for a dense model."""
+    if e is None:
+        return total
+    return total - e.moe_layers * (e.experts - e.top_k) * e.mlp_params(hidden)
+
+
+def params_per_gpu(total: float, hidden: int, e: Experts | None, tp: int, pp: int, ep: int) -> tuple[float, float]:
+    """(dense parameters, routed-expert parameters) one GPU holds: the dense part split by tp x pp, the
+    routed experts by pp x ep (experts are not split by tp here: Megatron's expert tensor parallelism
+    defaults to 1)."""
+    if e is None:
+        return total / (tp * pp), 0.0
+    routed = e.routed_params(hidden)
+    return (total - routed) / (tp * pp), routed / (pp * ep)
+
+
+def all_to_all_bytes(tokens: int, hidden: int, top_k: int, ep: int) -> float:
+    """Bytes one GPU sends in one all-to-all of one MoE layer: ``tokens x h x k x 2 B x (ep-1)/ep``."""
+    return tokens * hidden * top_k * MOE_DISPATCH_BYTES * (ep - 1) / ep
+
+
+def all_to_all_s(tokens: int, hidden: int, top_k: int, ep: int, bw_GBps: float, latency_s: float) -> float:
+    """One all-to-all: its bytes over the link, plus ``ep - 1`` message latencies."""
+    if ep <= 1:
+        return 0.0
+    return all_to_all_bytes(tokens, hidden, top_k, ep) / (bw_GBps * 1e9) + (ep - 1) * latency_s
+
+
+def busiest_expert_load(tokens: int, experts: int, top_k: int) -> float:
+    """The busiest expert's load over the mean under uniform random routing (a binomial maximum, the
+    normal approximation ``1 + sqrt(2 ln E) / sqrt(mean)``): what a layer waits for when the router is
+    balanced on average. Auxiliary losses and DeepSeek-V3's loss-free bias balance the mean, not this
+    spread; a capacity factor caps it by dropping tokens."""
+    import math
+
+    mean = tokens * top_k / experts
+    return 1.0 + math.sqrt(2 * math.log(experts)) / math.sqrt(mean) if mean > 0 and experts > 1 else 1.0
