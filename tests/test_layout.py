@@ -11,7 +11,9 @@ WINGS = ["core", "models", "diagnose", "toolkit", "harness", "bench", "chapters"
          "runner", "cli"]
 # The one edge upward, and why: the profile validates zero_stage against the frameworks' ZeRO stages,
 # a table the memory formulas own (models.states, pure Python, no import of its own).
-ALLOWED_UP = {("preflight.core.profile", "preflight.models.states")}
+# The second: the profile derives a mixture-of-experts model's active parameters from its expert shape
+# (models.moe, pure Python as well), so that every chapter reads one count.
+ALLOWED_UP = {("preflight.core.profile", "preflight.models.states"), ("preflight.core.profile", "preflight.models.moe")}
 
 
 def modules() -> dict[str, ast.Module]:

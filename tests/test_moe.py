@@ -34,3 +34,61 @@ def test_all_to_all_bytes_and_time():
 def test_the_busiest_expert_waits_above_the_mean():
     assert E.busiest_expert_load(4096, 256, 8) > 1.2                 # 128 tokens per expert on average
     assert E.busiest_expert_load(4096 * 64, 256, 8) < E.busiest_expert_load(4096, 256, 8)
+
+
+def test_deepseek_v3s_published_layout_through_the_planner_and_the_step_model():
+    """DeepSeek-V3 (arXiv 2412.19437) as data/profiles/moe/deepseek-v3.yaml: 2,048 GPUs, PP 16 x EP 64,
+    ZeRO-1 data parallelism, no TP. Active parameters 37B of 671B. Memory: without recomputation the
+    fullest stage does not fit 80 GB (the report recomputes RMSNorm and MLA up-projections and stores
+    activations in low precision, sec. 3.2.3); with it, it does. Throughput: the report's 180K H800 GPU
+    hours per trillion tokens is 1,543 tokens/s per GPU; the model's all-to-alls counted blocking give a
+    lower bound below it, fully hidden (DualPipe's aim) an upper bound above it."""
+    from conftest import REPO
+    from preflight.chapters import advisor
+    from preflight.core.profile import load_profile
+
+    p = load_profile(REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml")
+    assert p.model.active_params == pytest.approx(37e9, rel=0.02) and p.dp == 128
+    none = advisor.evaluate_plan(p)
+    full = advisor.evaluate_plan(p.model_copy(update={"training": p.training.model_copy(
+        update={"activation_recompute": "full"})}))
+    assert not none["fits"] and full["fits"]
+    published = 1e12 / (180e3 * 3600)
+    blocking = none["tokens_per_s_per_gpu"]
+    hidden = blocking * none["step_s"] / (none["step_s"] - none["a2a_s"])
+    assert blocking < published < hidden
+    assert none["a2a_s"] > 0 and none["mfu"] < 0.4
+
+
+def test_the_advisor_searches_expert_parallelism():
+    from conftest import example_with
+    from preflight.chapters import advisor
+    from preflight.core.profile import parse_profile
+
+    p = parse_profile(example_with(model__params=46.7e9, model__layers=32, model__hidden=4096, model__heads=32,
+                                   model__kv_heads=8, model__mlp="swiglu", model__ffn_hidden=14336,
+                                   model__experts=8, model__top_k=2, training__framework="megatron",
+                                   training__zero_stage=1, training__ep=8, cluster__nodes=8))
+    assert p.model.active_params == pytest.approx(12.9e9, rel=0.02)
+    seen = {x.ep for x in advisor.layouts(p, 512)}
+    assert seen == {1, 2, 4, 8}
+    r = advisor.advise(p)
+    assert r["plan"]["ep"] == 8 and "ep=8" in advisor.label(r["plan"])
+    assert any("mixture-of-experts" in x for x in r["not_modelled"])
+    one, eight = (advisor.memory_plan(p, advisor.T.Layout(tp=1, pp=1, dp=64, zero_stage=1, activation_recompute="full",
+                                                          sequence_parallel=False, micro_batch_size=1, microbatches=1,
+                                                          ep=e)) for e in (1, 8))
+    from preflight.models import memory as M
+    assert M.total_bytes(eight) < M.total_bytes(one) / 2          # the experts' weights spread 8 ways
+
+
+def test_ep_must_fit_the_experts_and_data_parallelism():
+    from conftest import example_with
+    from preflight.core.profile import ProfileError, parse_profile
+
+    with pytest.raises(ProfileError, match="training.ep"):
+        parse_profile(example_with(training__ep=2))                          # a dense model
+    with pytest.raises(ProfileError, match="training.ep = 3"):
+        parse_profile(example_with(model__experts=8, model__params=47e9, training__ep=3))
+    with pytest.raises(ProfileError, match="must count every expert"):
+        parse_profile(example_with(model__experts=64, model__expert_ffn_hidden=16384))

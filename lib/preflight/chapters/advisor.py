@@ -85,15 +85,16 @@ def layouts(profile: Profile, batch: int):
         dp = gpus // (tp * pp)
         if batch % dp:
             continue
+        eps = [e for e in _divisors(dp) if m.experts % e == 0] if m.experts else [1]
         for mbs in [d for d in _divisors(batch // dp) if d <= MICRO_BATCH_MAX]:
             mb = batch // (dp * mbs)
             vs = [1] + [v for v in range(2, INTERLEAVE_MAX + 1)
                         if pp > 1 and m.layers % (pp * v) == 0 and mb % pp == 0]
-            for z, rc, sp, v in itertools.product(STAGES[t.framework], rcs, (False, True), vs):
+            for z, rc, sp, v, ep in itertools.product(STAGES[t.framework], rcs, (False, True), vs, eps):
                 if (sp and tp == 1) or not supported(t.framework, z, pp):
                     continue
                 yield T.Layout(tp=tp, pp=pp, dp=dp, zero_stage=z, activation_recompute=rc, sequence_parallel=sp,
-                               micro_batch_size=mbs, microbatches=mb, interleave=v)
+                               micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep)
 
 
 def _cluster(profile: Profile, gpu_key: str | None) -> T.Cluster:
@@ -121,7 +122,8 @@ def _model(profile: Profile) -> T.Model:
     chip = hardware.lookup(profile.cluster.gpu) if profile.cluster.gpu != "auto" else None
     speedup = (chip.fp8_tflops / chip.bf16_tflops) if profile.training.fp8 and chip and chip.fp8_tflops else 1.0
     return T.Model(params=m.params, layers=m.layers, hidden=m.hidden, seq_len=m.seq_len, vocab=m.vocab,
-                   ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash", matmul_speedup=speedup)
+                   ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash", matmul_speedup=speedup,
+                   experts=m.expert_spec)
 
 
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
@@ -129,7 +131,7 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
     return MP.plan_of(profile, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
                       recompute=lay.activation_recompute, sequence_parallel=lay.sequence_parallel,
                       micro_batch_size=lay.micro_batch_size, microbatches=lay.microbatches,
-                      schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave)
+                      schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave, ep=lay.ep)
 
 
 def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None) -> dict:
@@ -287,7 +289,8 @@ def plan_entry(profile: Profile, ranked: list[dict], fitting: int, capacity: flo
     t = profile.training
     lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                    sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
-                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1)
+                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
+                   ep=t.ep)
     c = evaluate(profile, lay, capacity, cluster, efficiency)
     mine = _rank_key(c)
     faster = sum(_rank_key(x) < mine for x in ranked[:fitting])          # ranked as advise ranks
@@ -305,14 +308,17 @@ def evaluate_plan(profile: Profile, efficiency: float | None = None, gpu_key: st
     t = profile.training
     lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                    sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
-                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1)
+                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
+                   ep=t.ep)
     return evaluate(profile, lay, capacity, _cluster(profile, gpu_key), efficiency)
 
 
 def not_modelled(profile: Profile) -> list[str]:
     """What the step model cannot see in this plan, said rather than guessed."""
-    out = ["context parallelism and mixture-of-experts are not in the profile yet: a run that uses them is "
-           "not predicted here"]
+    out = ["context parallelism is not in the profile yet: a long-context run that uses it is not predicted here"]
+    if profile.model.experts:
+        out.append("mixture-of-experts: all-to-alls counted blocking (DualPipe-style overlap not modelled), routing "
+                   "balanced on average (the busiest expert's extra load is chapter 4's)")
     if profile.training.fp8:
         out.append("fp8: the GEMMs at the FP8 peak with the same efficiency; the scaling recipes' casts and "
                    "amax reductions are not counted (not calibrated on a published fp8 run)")
@@ -355,7 +361,7 @@ def profile_with(profile: Profile, lay: dict, step_compute_s: float | None = Non
     t = d["training"]
     t.update(tp=lay["tp"], pp=lay["pp"], zero_stage=lay["zero_stage"], activation_recompute=lay["activation_recompute"],
              sequence_parallel=lay["sequence_parallel"], micro_batch_size=lay["micro_batch_size"],
-             microbatches=lay["microbatches"], interleave=lay["interleave"],
+             microbatches=lay["microbatches"], interleave=lay["interleave"], ep=lay.get("ep", 1),
              pipeline_schedule="interleaved" if lay["interleave"] > 1 else "1f1b")
     if step_compute_s is not None:
         t["step_compute_s"] = float(f"{step_compute_s:.4g}")

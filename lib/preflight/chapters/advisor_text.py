@@ -10,16 +10,17 @@ def label(c: dict) -> str:
     """One layout in one line: ``tp=2 pp=1 dp=512 ZeRO-1 rc=selective sp mbs=1 m=1``."""
     return (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero_stage']} rc={c['activation_recompute']}"
             + (" sp" if c["sequence_parallel"] else "") + f" mbs={c['micro_batch_size']} m={c['microbatches']}"
-            + (f" v={c['interleave']}" if c["interleave"] > 1 else ""))
+            + (f" v={c['interleave']}" if c["interleave"] > 1 else "") + (f" ep={c['ep']}" if c.get("ep", 1) > 1 else ""))
 
 
 def own_plan(profile: Profile, candidates: list[dict]) -> dict | None:
     """The candidate that is the profile's own plan (None if the enumeration does not hold it)."""
     t = profile.training
     mine = (t.tp, t.pp, t.zero_stage, t.activation_recompute, t.sequence_parallel, t.micro_batch_size,
-            t.interleave if t.pipeline_schedule == "interleaved" else 1)
+            t.interleave if t.pipeline_schedule == "interleaved" else 1, t.ep)
     return next((x for x in candidates if (x["tp"], x["pp"], x["zero_stage"], x["activation_recompute"],
-                                           x["sequence_parallel"], x["micro_batch_size"], x["interleave"]) == mine), None)
+                                           x["sequence_parallel"], x["micro_batch_size"], x["interleave"],
+                                           x.get("ep", 1)) == mine), None)
 
 
 def table(profile: Profile, candidates: list[dict], top: int = 5):
@@ -81,8 +82,9 @@ def text_report(profile: Profile, result: dict, top: int) -> str:
 
 _KNOBS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("zero_stage", "ZeRO"), ("activation_recompute", "recompute"),
           ("sequence_parallel", "sequence parallelism"), ("micro_batch_size", "micro-batch size"),
-          ("microbatches", "micro-batches"), ("interleave", "chunks per stage"))
+          ("microbatches", "micro-batches"), ("interleave", "chunks per stage"), ("ep", "expert parallelism"))
 _TERMS = (("compute", "compute"), ("bubble_s", "pipeline bubble"), ("tp_exposed_s", "exposed tensor-parallel comm"),
+          ("a2a_s", "expert all-to-alls"),
           ("pp_comm_s", "pipeline send/recv"), ("dp_exposed_s", "exposed data-parallel comm"))
 
 

@@ -54,7 +54,7 @@ def implied_mfu(profile: Profile, gpu_key: str | None) -> dict:
     in ``compute_s`` (one GPU's, ``Profile.gpu_step_s``) against the chip's dense bf16 peak. ``mfu`` is
     None when the chip has no known peak."""
     m, t = profile.model, profile.training
-    per_token = flops.train_flops_per_token(m.params, m.layers, m.hidden, m.seq_len)
+    per_token = flops.train_flops_per_token(m.active_params, m.layers, m.hidden, m.seq_len)   # MoE: active
     tokens = t.microbatches * t.micro_batch_size * m.seq_len
     step_flops = per_token * tokens / (t.tp * t.pp)
     compute_s = profile.gpu_step_s[1]

@@ -65,6 +65,15 @@ class Model(_Strict):
                                           "attention); empty: heads")] = None
     dropout: Annotated[float, Field(ge=0, lt=1, description="dropout probability (GPT-style 0.1; Llama-style "
                                     "0: no dropout masks kept)")] = 0.1
+    # Mixture-of-experts (preflight.models.moe): params counts every expert; FLOPs follow the active ones
+    experts: Annotated[int, Field(ge=0, le=100_000, description="routed experts per MoE layer; 0: a dense "
+                                  "model")] = 0
+    top_k: Annotated[int, Field(ge=1, le=1024, description="experts each token is routed to (MoE)")] = 2
+    shared_experts: Annotated[int, Field(ge=0, le=1024, description="experts every token goes through (MoE)")] = 0
+    expert_ffn_hidden: Annotated[int | None, Field(ge=1, le=10_000_000, description="one expert's MLP hidden "
+                                                   "size; empty: ffn_hidden")] = None
+    moe_layers: Annotated[int | None, Field(ge=1, le=10_000, description="layers with experts; empty: every "
+                                            "layer (DeepSeek-V3: 58 of 61)")] = None
 
     @property
     def n_heads(self) -> int:
@@ -75,6 +84,25 @@ class Model(_Strict):
     def n_kv_heads(self) -> int:
         """``kv_heads``, or all heads (multi-head attention) when not given."""
         return self.kv_heads or self.n_heads
+
+    @property
+    def expert_spec(self):
+        """The experts as ``preflight.models.moe.Experts``, or None for a dense model."""
+        if not self.experts:
+            return None
+        from preflight.models.moe import Experts
+
+        return Experts(experts=self.experts, top_k=self.top_k, shared=self.shared_experts,
+                       expert_ffn=self.expert_ffn_hidden or self.ffn_hidden or 4 * self.hidden,
+                       moe_layers=self.moe_layers or self.layers, swiglu=self.mlp == "swiglu")
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token computes with: ``params`` for a dense model, less the routed experts it
+        does not visit for an MoE (``preflight.models.moe.active_params``)."""
+        from preflight.models.moe import active_params
+
+        return active_params(self.params, self.hidden, self.expert_spec)
 
 
 # Lower bounds are physical, not "> 0": a step of 1e-300 s or a link of 1e-300 GB/s is a typo, and the
@@ -153,6 +181,8 @@ class Training(_Strict):
                                               "the framework's default")
     fp8: bool = Field(False, description="FP8 GEMMs (Transformer Engine, torchao): matmuls at the chip's FP8 "
                       "peak, an fp8 copy and transpose of each weight held; MFU stays stated against the bf16 peak")
+    ep: Annotated[int, Field(ge=1, le=100_000, description="expert-parallel size: GPUs a layer's experts are "
+                             "spread over, carved out of data parallelism (MoE)")] = 1
     step_jitter_cv: Annotated[float | None, Field(ge=0, le=1, description="per-rank step-time jitter, standard "
                               "deviation over mean (e.g. 0.02; the traces' step spread measures it); empty: not "
                               "judged, chapter 4 shows what 1-5 % would cost")] = None
@@ -240,6 +270,21 @@ class Profile(_Strict):
             raise ValueError(f"training.zero_stage = {t.zero_stage} is not available with training.framework = "
                              f"{t.framework}: accepted {', '.join(map(str, stages))} (megatron: 1 = distributed "
                              "optimizer; fsdp2 always shards weights, gradients and optimizer state: set 3)")
+        dp = gpus // (t.tp * t.pp)
+        if m.experts == 0 and t.ep != 1:
+            raise ValueError(f"training.ep = {t.ep}: expert parallelism needs experts (model.experts > 0)")
+        if m.experts:
+            if m.top_k > m.experts:
+                raise ValueError(f"model.top_k = {m.top_k} must be at most model.experts = {m.experts}")
+            if m.experts % t.ep or dp % t.ep:
+                raise ValueError(f"training.ep = {t.ep} must divide model.experts = {m.experts} and the data-parallel "
+                                 f"size {dp} (expert parallelism is carved out of data parallelism)")
+            if (m.moe_layers or 0) > m.layers:
+                raise ValueError(f"model.moe_layers = {m.moe_layers} must be at most model.layers = {m.layers}")
+            routed = m.expert_spec.routed_params(m.hidden)
+            if routed >= m.params:
+                raise ValueError(f"model.params = {m.params:.4g} must count every expert: the routed experts alone "
+                                 f"hold {routed:.4g} (moe_layers x experts x expert MLP)")
         if t.fp8 and self.cluster.gpu != "auto" and CHIPS[self.cluster.gpu].fp8_tflops is None:
             raise ValueError(f"training.fp8 = true: cluster.gpu = {self.cluster.gpu} has no FP8 tensor cores; "
                              "accepted: a chip with an fp8 peak in `python -m preflight chips` (H100, H200, B200...)")

@@ -50,6 +50,7 @@ from preflight.core.numfmt import num
 from . import activations as A
 from . import states as S
 from .activations import ATTENTION, MLP, RECOMPUTE
+from .moe import Experts
 from .pipeline import SCHEDULE_LABELS, SCHEDULES, activation_memory_microbatches
 
 # How a page names each term of the plan (the chart's legend, the chapter's table).
@@ -106,6 +107,8 @@ class Plan:
     framework: str = "deepspeed"
     shard_group_gpus: int | None = None
     fp8: bool = False               # FP8 GEMMs (Transformer Engine): an fp8 weight copy and its transpose
+    moe: Experts | None = None      # mixture-of-experts (``preflight.models.moe``): routed experts over ep
+    ep: int = 1
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch_size", "tp", "pp",
@@ -122,9 +125,10 @@ class Plan:
         if self.kv % self.tp:
             raise ValueError(f"tp must divide heads and kv_heads (heads={self.heads}, kv_heads={self.kv}, "
                              f"tp={self.tp})")
-        if self.layers % (self.pp * self.interleave):
-            raise ValueError(f"pp * interleave must divide layers (layers={self.layers}, "
-                             f"pp={self.pp}, interleave={self.interleave})")
+        if self.pp > self.layers or (self.interleave > 1 and self.layers % (self.pp * self.interleave)):
+            raise ValueError(f"every stage needs a layer, and interleaving equal chunks: pp <= layers, and pp * "
+                             f"interleave dividing layers when interleaved (layers={self.layers}, pp={self.pp}, "
+                             f"interleave={self.interleave})")
         for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES), ("precision", PRECISIONS),
                               ("attention", ATTENTION), ("mlp", MLP)):
             if getattr(self, name) not in allowed:
@@ -181,9 +185,18 @@ def layer_activation_bytes(seq_len: int, micro_batch_size: int, hidden: int, hea
 
 
 def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
-    """``activations.layer_parts`` for the plan's layer (before tp)."""
-    return A.layer_parts(p.seq_len, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp, p.attention,
-                         p.dropout, p.recompute, p.precision)
+    """``activations.layer_parts`` for the plan's layer (before tp). A mixture-of-experts layer keeps its
+    MLP's tensors for the ``top_k + shared`` experts each token visits (``(k + s) f_e`` in place of
+    ``ffn``), averaged with the dense layers over the stage."""
+    dense = A.layer_parts(p.seq_len, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp, p.attention,
+                          p.dropout, p.recompute, p.precision)
+    if not p.moe:
+        return dense
+    moe = A.layer_parts(p.seq_len, p.micro_batch_size, p.hidden, p.heads, p.kv,
+                        (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
+                        p.recompute, p.precision)
+    w = p.moe.moe_layers / p.layers
+    return [(name, (1 - w) * a + w * b, split) for (name, a, split), (_, b, _) in zip(dense, moe)]
 
 
 def _layer(p: Plan) -> float:
@@ -195,12 +208,19 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     vh = p.vocab * p.hidden
     emb_total = vh * (1 if p.tied_embeddings else 2)
     extra = 2 if (p.pp == 1 and not p.tied_embeddings) else 1
-    per_gpu = (p.params - emb_total) / (p.pp * p.tp) + extra * vh / p.tp
+    routed = p.moe.routed_params(p.hidden) if p.moe else 0.0
+    per_gpu = (p.params - routed - emb_total) / (p.pp * p.tp) + extra * vh / p.tp
     where = f"((params - {num(emb_total)}) / (pp tp) + {extra} V h / tp = {num(per_gpu)} params)"
     src = S.SOURCES[p.framework]
     rows = [(t, b, f"{p.framework}: {f}", src)
             for t, b, f in S.state_rows(p.framework, p.precision, p.zero_stage, per_gpu, p.shard, where)]
-    lps = p.layers // p.pp
+    if routed:      # the routed experts: split by pp x ep, their states sharded over the dp / ep ranks holding each
+        experts_gpu = routed / (p.pp * p.ep)
+        e_rows = S.state_rows(p.framework, p.precision, p.zero_stage, experts_gpu, max(1, p.shard // p.ep),
+                              f"{num(experts_gpu)} expert params (routed / (pp ep))")
+        rows = [(t, b + eb, f"{f}; experts: {ef}", s_) for (t, b, f, s_), (_, eb, ef) in zip(rows, e_rows)]
+        per_gpu += experts_gpu
+    lps = -(-p.layers // p.pp)          # the fullest stage (uneven splits: 61 layers on 16 stages hold 4)
     gathered = S.gathered_bytes(p.precision, p.zero_stage, p.shard,
                                 S.layer_params(p.hidden, p.heads, p.kv, p.ffn, p.mlp), p.tp, lps)
     if gathered:

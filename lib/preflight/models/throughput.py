@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 from .comm import BYTES_PER_ELEMENT, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
 from .flops import train_flops_per_token
+from .moe import Experts, active_params, all_to_all_s, params_per_gpu
 
 # Share of the dense peak the kernels reach when the layout gives no measured one (--efficiency,
 # --mfu-from): the ceiling per chip generation, calibrated on the published runs (module docstring).
@@ -114,6 +115,7 @@ class Layout:
     micro_batch_size: int
     microbatches: int
     interleave: int = 1
+    ep: int = 1                     # expert parallelism (MoE), carved out of dp
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,12 @@ class Model:
     ffn_hidden: int | None = None
     causal_flash: bool = False        # a causal flash kernel executes half of attention's FLOPs
     matmul_speedup: float = 1.0       # fp8 GEMMs: the chip's fp8 peak over its bf16 peak (attention stays bf16)
+    experts: Experts | None = None    # mixture-of-experts (``preflight.models.moe``); None: dense
+
+    @property
+    def active(self) -> float:
+        """Parameters a token computes with (all of them for a dense model)."""
+        return active_params(self.params, self.hidden, self.experts)
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,7 @@ class StepTime:
     tp_comm_s: float                # tensor-parallel communication, all of it
     tp_exposed_s: float
     pp_comm_s: float
+    a2a_s: float                    # MoE all-to-alls (dispatch, combine; forward and backward), blocking
     dp_comm_s: float                # the data-parallel traffic's time
     dp_exposed_s: float             # the part not hidden behind compute
     serial_s: float
@@ -181,7 +190,7 @@ class StepTime:
 def layer_flops(m: Model, tokens: float, recompute: str) -> tuple[float, float]:
     """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute),
     in bf16-equivalent FLOPs (fp8 matmuls count 1 / ``matmul_speedup``)."""
-    n_layer = max(0.0, m.params - 2.0 * m.vocab * m.hidden) / m.layers / m.matmul_speedup   # bf16-equivalent
+    n_layer = max(0.0, m.active - 2.0 * m.vocab * m.hidden) / m.layers / m.matmul_speedup   # bf16-equivalent
     attn = 4.0 * m.hidden * m.seq_len * (0.5 if m.causal_flash else 1.0)       # forward, per token
     fwd = (2.0 * n_layer + attn) * tokens
     again = {"none": 0.0, "selective": attn * tokens, "op_selective": n_layer * tokens,
@@ -233,7 +242,8 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     link = allreduce_link(dp_placement(dp, tp, pp, cluster.gpus_per_node), intra_node_GBps=cluster.intra_node_GBps,
                           inter_node_Gbps=cluster.inter_node_Gbps, nics_per_node=cluster.nics_per_node,
                           gpus_per_node=cluster.gpus_per_node) if dp > 1 else None
-    per_rank = model.params / (tp * pp)
+    dense, routed = params_per_gpu(model.params, h, model.experts, tp, pp, lay.ep)
+    per_rank = dense + routed          # experts' gradients reduce over dp / ep ranks: counted over dp (an upper bound)
     g_bytes, w_bytes = per_rank * BYTES_PER_ELEMENT[grad_dtype], per_rank * 2.0
     z3_layer = 0.0
     if dp > 1 and lay.zero_stage >= 3:                          # per layer, per micro-batch
@@ -246,7 +256,15 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
             z3_layer = max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
         else:
             z3_layer = ag + ag + (max(0.0, rs - t_bwd) if overlap.grad_reduce else rs)
-    t_stage = layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer) + out_layer
+    a2a_layer = 0.0                                              # per MoE layer and micro-batch
+    if model.experts is not None and lay.ep > 1:
+        inside = lay.ep * tp <= cluster.gpus_per_node
+        bw = (cluster.intra_node_GBps if inside else
+              gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node))
+        a2a_layer = 4 * all_to_all_s(tokens_mb, h, model.experts.top_k, lay.ep, bw,
+                                     NVLINK_LATENCY_S if inside else NIC_LATENCY_S)
+    moe_stage = (model.experts.moe_layers / pp) if model.experts is not None else 0.0
+    t_stage = layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer) + moe_stage * a2a_layer + out_layer
     compute = m * (layers_stage * (t_fwd + t_bwd) + out_layer)
     pipe = (m + (pp - 1) / v) * t_stage if pp > 1 else m * t_stage
 
@@ -283,12 +301,13 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
             pipe -= dp_exposed                                   # counted once, as data-parallel time
     step = serial_s + pipe + pp_comm + dp_exposed
     tokens = m * b * s
-    model_flops = train_flops_per_token(model.params, model.layers, h, s) * tokens / (tp * pp)
-    hw = model_flops * recompute_factor(lay.activation_recompute, model.params, model.layers, h, s)
+    model_flops = train_flops_per_token(model.active, model.layers, h, s) * tokens / (tp * pp)
+    hw = model_flops * recompute_factor(lay.activation_recompute, model.active, model.layers, h, s)
     peak = cluster.peak_tflops * 1e12
     tp_all = m * layers_stage * tp_layer
     return StepTime(compute_s=compute, efficiency=eff, bubble=(pp - 1) / (v * m) if pp > 1 else 0.0,
                     tp_comm_s=tp_all, tp_exposed_s=m * layers_stage * tp_exposed_layer, pp_comm_s=pp_comm,
+                    a2a_s=m * moe_stage * a2a_layer,
                     dp_comm_s=dp_time, dp_exposed_s=dp_exposed, serial_s=serial_s, step_s=step,
                     tokens_per_s_per_gpu=tokens / step / (tp * pp), mfu=model_flops / step / peak,
                     hfu=hw / step / peak)
