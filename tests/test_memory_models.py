@@ -207,6 +207,16 @@ def test_7b_with_selective_recompute_fits_with_zero1():
     assert first.plan_bytes == pytest.approx(M.total_bytes(M.Plan(**{**plan.__dict__, "zero_stage": 1})))
 
 
+def test_an_uneven_pipeline_split_is_planned_at_its_fullest_stage():
+    """61 layers on 16 stages (DeepSeek-V3): the fullest stage holds 4 layers; one stage per layer at most."""
+    uneven = M.Plan(**{**SEVEN_B, "layers": 61, "pp": 16, "dp": 1})
+    even = M.Plan(**{**SEVEN_B, "layers": 64, "pp": 16, "dp": 1})
+    act = (lambda p: float(M.terms(p).set_index("term").loc["activations", "bytes"]))
+    assert act(uneven) == pytest.approx(act(even))           # 4 layers each on the fullest stage
+    with pytest.raises(ValueError, match="every stage needs a layer"):
+        M.Plan(**{**SEVEN_B, "layers": 8, "pp": 16, "dp": 1})
+
+
 def test_cheapest_fit_offers_only_valid_changes():
     plan = M.Plan(params=2e9, layers=30, hidden=3072, heads=12, vocab=32000, seq_len=2048, tp=2, dp=8,
                   micro_batch_size=4)
@@ -222,7 +232,7 @@ def test_cheapest_fit_offers_only_valid_changes():
 @pytest.mark.parametrize("change, word", [
     (dict(heads=30), "heads must divide hidden"), (dict(zero_stage=4), "zero_stage"),
     (dict(recompute="some"), "recompute"), (dict(tp=3), "tp must divide heads"),
-    (dict(pp=3), "layers"), (dict(schedule="zb"), "schedule"), (dict(precision="fp8"), "precision"),
+    (dict(pp=40), "layers"), (dict(schedule="zb"), "schedule"), (dict(precision="fp8"), "precision"),
     (dict(interleave=2), "interleave"), (dict(micro_batch_size=0), "micro_batch_size"),
     (dict(seq_len=2.5), "seq_len"), (dict(params=1e6), "params"), (dict(dp=-1), "dp"),
     (dict(sequence_parallel="yes"), "sequence_parallel"),

@@ -55,6 +55,8 @@ def _candidates(p: Plan, gpus_per_node: int, gpus: int) -> list[tuple]:
         c.append(("rc", 7, "full recompute", "+33 % compute (one extra forward); measured +39 % "
                   "per layer (Korthikanti Table 4)", lambda q: replace(q, recompute="full")))
     for i, s in enumerate(_pow2_multiples(p.pp, 4 * p.pp)):
+        if p.layers % s:                  # propose balanced stages only (the planner also takes uneven ones)
+            continue
         try:
             q = _regrid(p, gpus, pp=s)
         except ValueError:
