@@ -132,6 +132,13 @@ if base:
 # When the chip is not in the hardware table (a CPU, say) the datasheet MFU is **left empty** rather
 # than guessed. For a workload the count is the measure (its FLOPs per sample), and the formula is shown
 # beside it only where the model is a Transformer built from `torch.nn` attention layers.
+#
+# Two conventions hide in that formula. N: a **mixture-of-experts** model computes with its *active*
+# parameters only, `N_active = N_total − L_moe (E − k) m_e` (DeepSeek-V3: 37B of 671B; `model.experts`,
+# `preflight.models.moe`), so its FLOPs per token follow N_active while its memory follows N_total.
+# Precision: an **fp8** run's matmuls can reach twice the bf16 peak (H100: 1,979 vs 989.5 dense
+# TFLOP/s), and MFU is still stated against the bf16 peak by convention (`python -m preflight chips`
+# lists both): say which peak when comparing.
 
 # %%
 if base and wl:

@@ -280,7 +280,17 @@ else:
 # - **The NVLink domain, not the host, bounds tensor parallelism.** On NVL72 racks (GB200) 72 GPUs share
 #   one NVLink domain, so tp (and expert parallelism) can exceed 8. The gap it protects: 450 GB/s of
 #   NVLink against 25–50 GB/s per NIC is about **9–18x**, not the "two orders of magnitude" of the
-#   saying (that holds for a 25 GbE node NIC shared by 8 GPUs, ~0.4 GB/s each).
+#   saying (that holds for a 25 GbE node NIC shared by 8 GPUs, ~0.4 GB/s each). And 450 GB/s is the line
+#   rate: NCCL's rings reach about 370 GB/s bus bandwidth on H100 (the NCCL maintainers, nccl-tests#212).
+# - **In-network reduction changes the arithmetic.** With NVLink SHARP (NVLS, NVSwitch 3) the switches add
+#   the gradients: an 8-GPU all-reduce reaches ~480 GB/s of nccl-tests' "busbw", 30 % more than rings,
+#   and busbw no longer is the bandwidth on the wire; with InfiniBand SHARP each NIC carries the buffer
+#   once instead of 2(D−1)/D times. `cluster.in_network` (nvls, sharp) puts it in this chapter's model.
+# - **Mixture-of-experts adds all-to-alls.** Every MoE layer sends each token's hidden state to the GPUs
+#   of its top-k experts and back: two all-to-alls forward, two backward, `tokens x h x k x 2 B x
+#   (ep−1)/ep` each (`preflight.models.moe`). Inside the NVLink domain they are cheap; across nodes they
+#   can outweigh the compute (DeepSeek-V3's layout: 17 s of all-to-alls beside 13 s of compute per step if
+#   nothing hid them, `docs/moe.md`), which is why DeepSeek limits each token to 4 nodes and overlaps them.
 
 # %%
 ch.table(pd.DataFrame([
