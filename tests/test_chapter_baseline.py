@@ -34,9 +34,11 @@ def test_plan_findings_of_the_example():
     g = f["baseline/gustafson_speedup_at_target"]
     assert g.value == pytest.approx(1024 - 0.09 / 0.89 * 1023) and g.verdict == "pass"       # ~920x, 90 %
     assert f"{g.value:.0f}" == "921"
-    # rail-aware all-reduce 0.3 s (flat 2.26 s beside it): 75 % efficiency, a warn
+    # rail-aware all-reduce 0.3 s (flat 2.26 s beside it): 75 % efficiency without overlap; DDP overlaps by
+    # default and the one micro-batch's backward (2/3 x 0.8 s) hides all of it: the verdict's estimate passes
     eff = f["baseline/scaling_efficiency_at_target"]
-    assert eff.verdict == "warn" and eff.value == pytest.approx(0.89 / (0.89 + 0.3001865625))
+    assert eff.verdict == "pass" and eff.value == pytest.approx(1.0)
+    assert "75% efficiency without overlap" in eff.message
     assert "0.3 s in gradient all-reduce" in eff.message and "flat arithmetic 2.26 s" in eff.message
     # one 4096-token sequence of a 7B model in 0.8 s on an H100: 25 % of the dense bf16 peak
     mfu = f["baseline/implied_mfu"]

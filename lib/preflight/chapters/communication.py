@@ -64,9 +64,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
              message=(f"Ring all-reduce as NCCL runs it: {p['link_why']}; V / busbw + 2 (D-1) alpha = "
                       f"{p['time_s']:.3g} s per step. Flat arithmetic {p['flat_s']:.3g} s: {p['flat_why']}."),
              fix=fix_comm, source=PROFILE_SOURCE)
-    v, words = judge(p["ratio"], warn=BACKWARD_SHARE, fail=1.0, higher_is_better=False, fmt="{:.2g}")
+    m_acc = p["microbatches"]
+    v, words = judge(p["ratio"], warn=BACKWARD_SHARE / m_acc, fail=1.0 / m_acc, higher_is_better=False, fmt="{:.2g}")
     sink.add(id="communication/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
-             threshold=f"{words} (backward, ~2/3 of compute, is what can hide it)",
+             threshold=(f"{words} (what can hide it is the last micro-batch's backward, ~2/3 x compute / "
+                        f"{m_acc} micro-batch{'es' if m_acc > 1 else ''})"),
              message=(f"All-reduce {p['time_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
                       f"{factor(p['ratio'])}." + (" No overlap can hide that." if p["ratio"] > 1 else "")
                       + (f" With {p['microbatches']} accumulated micro-batches only the last one's backward "
