@@ -131,7 +131,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     if im["mfu"] is None:
         msg = f"{what}; the chip's dense peak is unknown, so the plan cannot be checked against it."
     else:
-        msg = f"{what} = {im['mfu']:.0%} of the {im['peak_tflops']:g} TFLOP/s dense bf16 peak."
+        emb = 2 * m.vocab * m.hidden / m.params
+        msg = (f"{what} = {im['mfu']:.0%} of the {im['peak_tflops']:g} TFLOP/s dense bf16 peak (convention: N "
+               f"counts the input and output embeddings, {emb:.1%} of N, where Megatron's count leaves the input "
+               "lookup out; 12 L h s counts attention non-causal, twice what a causal flash kernel runs; a "
+               "mixture-of-experts counts its active parameters).")
         if v == "fail":
             msg += (" Beyond what any matmul reaches (about 80 % of the dense peak): revisit "
                     "training.step_compute_s (one GPU's compute per step at the target "
