@@ -143,7 +143,7 @@ def test_queue_wait_after_requeues_is_waste():
     from preflight.chapters import fault_tolerance as F
     from preflight.models import resilience as R
 
-    w = R.queue_waste(7200, 0.0, 30 * 86400, 24)
+    w = R.queue_waste(7200, 30 * 86400, 24)
     assert w == pytest.approx(29 * 7200 / (30 * 86400 + 29 * 7200))
     base = F.plan(parse_profile(example_with()))
     queued = F.plan(parse_profile(example_with(cluster__queue_wait_s=7200, cluster__walltime_h=24)))

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from preflight.chapters import traces as T
 from preflight.diagnose.intervals import union
-from preflight.diagnose.trace_file import TraceError, read_trace
+from preflight.diagnose.trace_file import read_trace
 from preflight.diagnose.trace_job import read_job
 from preflight.diagnose.trace_kernels import collective_type, kernel_class, op_flops
 from preflight.diagnose.trace_rank import summarize
@@ -345,10 +345,6 @@ def test_a_second_read_comes_from_the_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(J, "read_trace", lambda p: (_ for _ in ()).throw(AssertionError("read again")))
     assert read_job(tmp_path / "job", jobs=1)["ranks"][0]["gpu"] == first["ranks"][0]["gpu"]
-
-
-def test_trace_error_is_a_value_error():
-    assert issubclass(TraceError, ValueError)
 
 
 # --- real traces, recorded here --------------------------------------------------------------------------

@@ -476,7 +476,7 @@ check(EX["model_states"], prediction, reveal=not interactive)
 # %%
 from preflight.runner.trace_section import show_traces
 
-job_traces = show_traces(ch, traces_dir)
+job_traces = show_traces(ch, traces_dir, example=interactive)
 
 # %% [markdown]
 # ## Findings of this chapter

@@ -281,7 +281,7 @@ check(EX["workers"], prediction, reveal=not interactive)
 # %%
 from preflight.runner.trace_section import show_traces
 
-job_traces = show_traces(ch, traces_dir)
+job_traces = show_traces(ch, traces_dir, example=interactive)
 
 # %% [markdown]
 # ## Findings of this chapter

@@ -374,7 +374,7 @@ check(EX["time"], prediction, reveal=not interactive)
 # %%
 from preflight.runner.trace_section import show_traces
 
-job_traces = show_traces(ch, traces_dir)
+job_traces = show_traces(ch, traces_dir, example=interactive)
 
 # %% [markdown]
 # ## Findings of this chapter

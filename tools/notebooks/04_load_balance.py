@@ -380,7 +380,7 @@ else:
 # %%
 from preflight.runner.trace_section import show_traces
 
-job_traces = show_traces(ch, traces_dir)
+job_traces = show_traces(ch, traces_dir, example=interactive)
 
 # %% [markdown]
 # ## Findings of this chapter

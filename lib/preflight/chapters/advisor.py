@@ -42,7 +42,7 @@ MICRO_BATCH_MAX = 16                 # micro-batch sizes: every divisor of a rep
 INTERLEAVE_MAX = 16                  # model chunks per device (Megatron's virtual pipeline size)
 # The recompute policies each framework has: Megatron's selective (core attention) and full;
 # DeepSpeed's activation checkpointing (full layers); torchtitan's op-level selective and full (FSDP2).
-RECOMPUTE = ("none", "selective", "op_selective", "full")
+RECOMPUTE = M.RECOMPUTE              # the memory planner's policies, cheapest first
 FRAMEWORK_RECOMPUTE = {"megatron": ("none", "selective", "full"), "deepspeed": ("none", "full"),
                        "fsdp2": ("none", "op_selective", "full")}
 TIE_BAND = 0.01                      # layouts this close in predicted tokens/s rank by memory headroom

@@ -63,7 +63,7 @@ def plan(profile: Profile, p_node_day: float | None = None) -> dict:
                                                             c.walltime_h * 3600)
     chosen = t.checkpoint_interval_s or daly
     # waiting in the queue after each allocation that ends at the walltime (failures pay it in R above)
-    queue = R.queue_waste(c.queue_wait_s, 0.0, t.run_days * 86400, c.walltime_h)
+    queue = R.queue_waste(c.queue_wait_s, t.run_days * 86400, c.walltime_h)
     return {"p_node_day": p_node, "p_day": R.failure_prob(p_node, c.nodes, 1.0),
             "p_run": R.failure_prob(p_node, c.nodes, t.run_days),
             "failures_run": R.run_failures(p_node, c.nodes, t.run_days),

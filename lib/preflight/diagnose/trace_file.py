@@ -106,10 +106,11 @@ def _hook(d: dict):
     return d
 
 
-def load_json(path: Path) -> dict:
-    """The trace's top level with only the kept events in ``traceEvents`` (None for the dropped ones)."""
+def load_json(path: Path, raw: bytes | None = None) -> dict:
+    """The trace's top level with only the kept events in ``traceEvents`` (None for the dropped ones);
+    ``raw``: the file's bytes when the caller has read them already."""
     try:
-        raw = path.read_bytes()
+        raw = path.read_bytes() if raw is None else raw
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         raw = raw.decode("utf-8")          # decoded once here, the bytes freed (json would decode a copy)
@@ -165,10 +166,11 @@ def _meta(path: Path, top: dict) -> dict:
             "display_unit": top.get("displayTimeUnit"), "record_shapes": top.get("record_shapes")}
 
 
-def read_trace(path: str | Path) -> RankEvents:
-    """Read one trace file (see the module's docstring); raises :class:`TraceError`."""
+def read_trace(path: str | Path, raw: bytes | None = None) -> RankEvents:
+    """Read one trace file (see the module's docstring), from ``raw`` when its bytes are at hand;
+    raises :class:`TraceError`."""
     path = Path(path)
-    top = load_json(path)
+    top = load_json(path, raw)
     out = RankEvents(str(path), _meta(path, top))
     evs = top["traceEvents"]
     out.events = len(evs)

@@ -41,19 +41,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PREFLIGHT_CACHE") or Path.home() / ".cache" / "preflight") / "traces"
 
 
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def summarize_file(path: str | Path, use_cache: bool = True) -> dict:
     """The summary of one trace file (``preflight.diagnose.trace_rank.summarize``), from the cache
     when this content was read before; raises :class:`TraceError`."""
     path = Path(path)
-    sha = file_sha(path)
+    try:
+        raw = path.read_bytes()                     # read once: hashed for the cache, parsed below
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e.strerror})") from None
+    sha = hashlib.sha256(raw).hexdigest()
     cached = cache_dir() / f"{sha}.v{SUMMARY_VERSION}.json"
     if use_cache and cached.is_file():
         try:
@@ -62,7 +58,7 @@ def summarize_file(path: str | Path, use_cache: bool = True) -> dict:
             return out
         except (OSError, ValueError, KeyError):
             pass                                   # a damaged cache entry: read the trace again
-    out = summarize(read_trace(path))
+    out = summarize(read_trace(path, raw))
     out["meta"]["sha256"] = sha
     if use_cache:
         try:

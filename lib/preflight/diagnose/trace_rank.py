@@ -37,11 +37,10 @@ def window(ev: RankEvents) -> dict:
     """The window's steps, CPU range and the mask of the GPU events in it (see the module's docstring)."""
     steps = ev.steps
     g = ev.gpu
-    launch = _launch_ts(ev)
+    launch, known = _launch_ts(ev)
     unlaunched = 0
     if len(steps) >= 2:
         lo, hi = steps[0]["ts"], steps[-1]["ts"]
-        known = _launched(ev)
         mask = known & (launch >= lo) & (launch < hi)
         unlaunched = int((~known & (g["ts"] >= lo) & (g["ts"] < hi)).sum())
         kept = steps[:-1]
@@ -55,25 +54,20 @@ def window(ev: RankEvents) -> dict:
             "unlaunched": unlaunched}
 
 
-def _launched(ev: RankEvents) -> np.ndarray:
-    """Which GPU events have their launching runtime call in the trace."""
-    if not len(ev.runtime["corr"]):
-        return np.zeros(len(ev.gpu["corr"]), bool)
-    return np.isin(ev.gpu["corr"], ev.runtime["corr"]) & (ev.gpu["corr"] >= 0)
 
-
-def _launch_ts(ev: RankEvents) -> np.ndarray:
+def _launch_ts(ev: RankEvents) -> tuple[np.ndarray, np.ndarray]:
     """For each GPU event, the start of the runtime call that launched it (same ``correlation``), else
-    its own start."""
+    its own start; and whether that launch is in the trace."""
     g, r = ev.gpu, ev.runtime
     out = g["ts"].copy()
+    hit = np.zeros(len(out), bool)
     if len(r["corr"]) and len(g["corr"]):
         o = np.argsort(r["corr"], kind="stable")
         rc, rts = r["corr"][o], r["ts"][o]
         i = np.clip(np.searchsorted(rc, g["corr"]), 0, len(rc) - 1)
         hit = (rc[i] == g["corr"]) & (g["corr"] >= 0)
         out[hit] = rts[i[hit]]
-    return out
+    return out, hit
 
 
 # --- the summary -------------------------------------------------------------------------------------------
@@ -147,8 +141,8 @@ def _gpu(ts, end, cls, streams, launch, names) -> dict:
     host = other = 0
     gs, ge = busy[1][:-1], busy[0][1:]
     if len(gs):
-        first = np.searchsorted(np.sort(ts), ge)        # the events that start when each gap ends
         order = np.argsort(ts, kind="stable")
+        first = np.searchsorted(ts[order], ge)          # the events that start when each gap ends
         starter = order[np.clip(first, 0, len(ts) - 1)]
         hb = launch[starter] >= gs
         host, other = int((ge - gs)[hb].sum()), int((ge - gs)[~hb].sum())

@@ -153,12 +153,12 @@ def checkpoint_seconds(params: float, framework: str, write_GBps: float) -> floa
     return params * CHECKPOINT_BYTES_PER_PARAM[framework] / (write_GBps * 1e9)
 
 
-def queue_waste(queue_wait_s: float, failures_per_run: float, run_s: float, walltime_h: float) -> float:
-    """Share of the run spent waiting in the queue after requeues on a shared cluster: once per failure
-    and once per allocation that ends at the walltime (``run / walltime`` of them)."""
+def queue_waste(queue_wait_s: float, run_s: float, walltime_h: float) -> float:
+    """Share of the run spent waiting in the queue after the requeue of each allocation that ends at the
+    walltime (``run / walltime - 1`` of them); a failure's requeue is paid in the restart time R."""
     _check("queue_wait_s", queue_wait_s, 0)
     _check("run_s", run_s, 0, strict=True)
-    requeues = failures_per_run + max(0.0, run_s / (walltime_h * 3600) - 1)
+    requeues = max(0.0, run_s / (walltime_h * 3600) - 1)
     return queue_wait_s * requeues / (run_s + queue_wait_s * requeues)
 
 

@@ -18,12 +18,14 @@ The saying "a few slow GPUs don't matter at scale" has it backwards: the expecte
 """
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
 BLOM_ALPHA = 0.375
 
 
+@functools.lru_cache(maxsize=256)
 def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normals], integrated: ``int x n phi(x) Phi(x)^(n-1) dx`` on a
     fine grid (0 at n = 1, 0.5642 at 2, 1.4236 at 8, 3.248 at 1,024)."""

@@ -68,8 +68,6 @@ def gate(findings: dict[int, list[dict]], fail_on: str | None) -> int:
 def text_report(profile: Profile, findings: dict[int, list[dict]], show_info: bool = False) -> str:
     """Per chapter its worst verdict, then each judged finding: verdict, id, value, message, threshold, fix.
     Findings recorded for reference (verdict info) are counted, and listed with ``show_info``."""
-    from preflight.core.numfmt import fmt_finding
-
     names = {c.number: c for c in CHAPTERS}
     lines = [f"{profile.project}: plan-only check, {profile.gpus} GPUs (tp={profile.training.tp}, "
              f"pp={profile.training.pp}, dp={profile.dp})"]
@@ -79,14 +77,23 @@ def text_report(profile: Profile, findings: dict[int, list[dict]], show_info: bo
         lines.append(f"chapter {n} {c.name:<16} {worst(f['verdict'] for f in fs):<5} "
                      f"({len(judged)} judged, {len(fs) - len(judged)} for reference)")
         for f in sorted(fs, key=lambda f: -VERDICT_RANK[f["verdict"]]):
-            if f["verdict"] == "info" and not show_info:
-                continue
-            lines.append(f"  {f['verdict'].upper():<5} {f['id']} = {fmt_finding(f)}")
-            lines.append(f"        {f['message']}")
-            if f["verdict"] in ("warn", "fail"):
-                lines.append(f"        threshold: {f['threshold']}")
-                lines.append(f"        fix: {f['fix']}")
-    every = [f["verdict"] for fs in findings.values() for f in fs]
-    lines.append(f"overall: {worst(every)} ({sum(v == 'fail' for v in every)} fail, "
-                 f"{sum(v == 'warn' for v in every)} warn, {sum(v == 'pass' for v in every)} pass)")
+            if f["verdict"] != "info" or show_info:
+                lines += finding_lines(f)
+    lines.append(overall_line(findings))
     return "\n".join(lines) + "\n"
+
+
+def finding_lines(f: dict) -> list[str]:
+    """One finding in the terminal: verdict, id, value, message; threshold and fix where it warns or fails."""
+    from preflight.core.numfmt import fmt_finding
+
+    out = [f"  {f['verdict'].upper():<5} {f['id']} = {fmt_finding(f)}", f"        {f['message']}"]
+    if f["verdict"] in ("warn", "fail"):
+        out += [f"        threshold: {f['threshold']}", f"        fix: {f['fix']}"]
+    return out
+
+
+def overall_line(findings: dict[int, list[dict]]) -> str:
+    every = [f["verdict"] for fs in findings.values() for f in fs]
+    return (f"overall: {worst(every)} ({sum(v == 'fail' for v in every)} fail, "
+            f"{sum(v == 'warn' for v in every)} warn, {sum(v == 'pass' for v in every)} pass)")

@@ -95,11 +95,16 @@ def _pipeline_note(ch, a: dict) -> None:
             "does not explain: stage imbalance (partition by profiled layer time) or waiting on data.")
 
 
-def show_traces(ch, traces_dir: str = "", jobs: int | None = None) -> dict | None:
+def show_traces(ch, traces_dir: str = "", example: bool = True, jobs: int | None = None) -> dict | None:
     """This chapter's view of the traces in ``traces_dir`` (see the module's docstring); returns the
-    analysis (``preflight.diagnose.trace_analysis.analyze``), or None when the folder cannot be read."""
+    analysis (``preflight.diagnose.trace_analysis.analyze``), or None when the folder cannot be read.
+    ``example`` False (the headless audit): with no ``traces_dir`` nothing is read, so a team's report
+    never shows the example job's traces as its own."""
     from IPython.display import Markdown, display
 
+    if not traces_dir and not example:
+        print("No traces given: `python -m preflight audit PROFILE --traces DIR` puts your job's here.")
+        return None
     folder = Path(traces_dir) if traces_dir else EXAMPLE_TRACES
     mine = bool(traces_dir)
     gpu = ch.profile.cluster.gpu if mine and ch.profile.cluster.gpu != "auto" else None

@@ -17,9 +17,9 @@ from preflight.chapters import traces as T
 from preflight.chapters.registry import CHAPTERS
 from preflight.core.findings import worst
 from preflight.core.fsutil import atomic_write_text
-from preflight.core.numfmt import fmt_finding, num
+from preflight.core.numfmt import num
 from preflight.diagnose.trace_job import SUMMARY_SUFFIX, summarize_file
-from preflight.runner.check import gate  # noqa: F401  (the CLI calls R.gate)
+from preflight.runner.check import finding_lines, gate, overall_line
 
 
 def by_chapter(a: dict) -> dict[int, list[dict]]:
@@ -88,12 +88,6 @@ def text_report(a: dict, findings: dict[int, list[dict]]) -> str:
     for n, fs in findings.items():
         lines.append(f"chapter {n} {names[n].name:<16} {worst(f['verdict'] for f in fs)}")
         for f in fs:
-            lines.append(f"  {f['verdict'].upper():<5} {f['id']} = {fmt_finding(f)}")
-            lines.append(f"        {f['message']}")
-            if f["verdict"] in ("warn", "fail"):
-                lines.append(f"        threshold: {f['threshold']}")
-                lines.append(f"        fix: {f['fix']}")
-    every = [f["verdict"] for fs in findings.values() for f in fs]
-    lines.append(f"overall: {worst(every)} ({sum(v == 'fail' for v in every)} fail, "
-                 f"{sum(v == 'warn' for v in every)} warn, {sum(v == 'pass' for v in every)} pass)")
+            lines += finding_lines(f)
+    lines.append(overall_line(findings))
     return "\n".join(lines) + "\n"
