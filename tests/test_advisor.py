@@ -134,7 +134,7 @@ def test_ranking_and_fit():
     p = r["plan"]
     assert (p["tp"], p["zero_stage"], p["fits"], p["rank"]) == (1, 0, False, None)
     assert r["no_fit"] is None and r["efficiency_modelled"] and "for the top layout" in r["efficiency_source"]
-    assert "the profile's own plan does not fit (169%" in advisor.text_report(load_profile(EXAMPLE), r, 3)
+    assert "the profile's own plan does not fit (188%" in advisor.text_report(load_profile(EXAMPLE), r, 3)
 
 
 def test_the_plan_is_ranked_with_the_reason_the_best_wins():

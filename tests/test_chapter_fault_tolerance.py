@@ -13,8 +13,13 @@ def _findings(**changes):
     return plan_findings(C.add_plan_findings, **changes)
 
 
-def test_example_profile_numbers():
+def test_default_rate_is_llama3s():
     p, f = _findings()
+    assert p["p_node_day"] == pytest.approx(R.LLAMA3_P_NODE_DAY, rel=1e-3)
+
+
+def test_example_profile_numbers():
+    p, f = _findings(cluster__node_failure_per_day=1e-4)  # the field report's scenario beside Llama 3's (the default)
     # 128 nodes at 1e-4: 1 - (1 - 1e-4)^128
     assert f["fault_tolerance/failure_prob_day"].value == pytest.approx(1 - (1 - 1e-4) ** 128)
     assert f["fault_tolerance/failure_prob_run"].value == pytest.approx(1 - (1 - 1e-4) ** (128 * 30))
@@ -71,7 +76,7 @@ def test_extreme_but_valid_plans_give_finite_findings(changes):
 
 
 def test_every_plan_finding_shows_the_llama3_rate_beside_the_profiles():
-    p, f = _findings()
+    p, f = _findings(cluster__node_failure_per_day=1e-4)  # the field report's scenario beside Llama 3's (the default)
     q = p["llama3"]
     assert q["p_node_day"] == R.LLAMA3_P_NODE_DAY and p["p_node_day"] == 1e-4
     assert q["mtbf_h"] == pytest.approx(49.49, abs=0.01) and p["mtbf_h"] == pytest.approx(1874.9, abs=0.1)
@@ -87,7 +92,8 @@ def test_every_plan_finding_shows_the_llama3_rate_beside_the_profiles():
 
 def test_the_profiles_rate_decides_the_verdict():
     # a 15-minute write every 6 h: 4.2 % waste at 1e-4 (pass), 10.1 % at Llama 3's rate (warn)
-    p, f = _findings(training__checkpoint_write_s=900.0, training__checkpoint_interval_s=6 * 3600.0)
+    p, f = _findings(training__checkpoint_write_s=900.0, training__checkpoint_interval_s=6 * 3600.0,
+                     cluster__node_failure_per_day=1e-4)
     waste = f["fault_tolerance/expected_waste"]
     assert waste.value == pytest.approx(p["waste_plan"]) == pytest.approx(0.0416, abs=1e-4)
     assert p["llama3"]["waste_plan"] == pytest.approx(0.1009, abs=1e-4)
@@ -107,7 +113,7 @@ def test_the_fix_is_to_measure_the_rate_not_to_lower_it():
 
 
 def test_rates_table_puts_both_rates_side_by_side():
-    p, _ = _findings()
+    p, _ = _findings(cluster__node_failure_per_day=1e-4)  # the field report's scenario beside Llama 3's (the default)
     t = C.rates_table(p).set_index("quantity")
     assert list(t.columns) == ["profile's rate", "Llama 3's rate"]
     # numbers as preflight.core.numfmt writes them everywhere: the rate as the chart's legend, shares in %

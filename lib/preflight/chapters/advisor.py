@@ -3,11 +3,14 @@
 It searches with the chapters' own models, so it is only as good as they are:
 
 * **enumerate** every layout the profile's cluster allows: tp dividing the GPUs per node, the heads
-  and the key/value heads; pp dividing the layers; dp = GPUs / (tp pp); the framework's ZeRO stages
+  and the key/value heads; pp dividing the layers or a power of two (uneven stages); dp = GPUs / (tp pp); the
+  framework's ZeRO stages
   (``preflight.models.states.STAGES``); recompute none / selective / full; sequence parallelism with
   tp > 1; micro-batch sizes 1, 2, 4, 8 and the micro-batches per step that keep the global batch
   (``--global-batch``, else the profile's ``micro_batch_size x microbatches x dp`` sequences);
-  interleaving v = 2, 4 with pp > 1 where v pp divides the layers and pp divides m;
+  interleaving v = 2, 4 with pp > 1 where v pp divides the layers and pp divides m; context parallelism
+  cp (Megatron, FSDP2; flash attention) while each GPU keeps ``CP_MIN_TOKENS`` of a sequence, dp =
+  GPUs / (tp pp cp);
 * **keep** those whose memory per GPU (``preflight.models.memory``, the chapter's planner) passes the
   chapter's verdict: plan / GPU memory <= ``memory_plan.FIT_WARN`` (90 %);
 * **rank** them by predicted tokens/s per GPU (``preflight.models.throughput.step_time``: compute at
@@ -44,7 +47,11 @@ INTERLEAVE_MAX = 16                  # model chunks per device (Megatron's virtu
 # DeepSpeed's activation checkpointing (full layers); torchtitan's op-level selective and full (FSDP2).
 RECOMPUTE = M.RECOMPUTE              # the memory planner's policies, cheapest first
 FRAMEWORK_RECOMPUTE = {"megatron": ("none", "selective", "full"), "deepspeed": ("none", "full"),
-                       "fsdp2": ("none", "op_selective", "full")}
+                       "fsdp2": ("none", "op_selective", "full"), "ddp": ("none", "full")}
+# Context parallelism is enumerated only while each GPU keeps at least this many tokens of a sequence: below
+# it the K/V ring cannot hide behind attention (preflight.models.context: its ratio grows as cp / s).
+CP_MIN_TOKENS = 4096
+CP_FRAMEWORKS = ("megatron", "fsdp2")    # ring attention: Megatron-Core / Transformer Engine, torchtitan
 TIE_BAND = 0.01                      # layouts this close in predicted tokens/s rank by memory headroom
 GLOBAL_BATCH_MAX = 10_000_000
 TOP_MAX = 1000
@@ -78,11 +85,20 @@ def layouts(profile: Profile, batch: int):
     m, c, t = profile.model, profile.cluster, profile.training
     gpus = profile.gpus
     tps = [x for x in _divisors(c.gpus_per_node) if m.n_heads % x == 0 and m.n_kv_heads % x == 0]
+    if t.framework == "ddp":                  # plain DDP replicates the whole model: no tp, no pp
+        tps = [1]
     rcs = _recompute(profile)
-    for tp, pp in itertools.product(tps, _divisors(m.layers)):
-        if gpus % (tp * pp):
+    cps = [c for c in _divisors(gpus) if c == 1 or (t.framework in CP_FRAMEWORKS and m.attention == "flash"
+                                                  and m.seq_len % (2 * c) == 0 and m.seq_len // c >= CP_MIN_TOKENS)]
+    # pp: the divisors of the layers, and the powers of two up to them (uneven stages, as Llama 3 405B's 126
+    # layers on 16 stages: Megatron's --decoder-first/last-pipeline-num-layers)
+    pps = sorted(set(_divisors(m.layers)) | {2 ** k for k in range(1, 11) if 2 ** k <= m.layers})
+    if t.framework == "ddp":
+        pps = [1]
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        if gpus % (tp * pp * cp):
             continue
-        dp = gpus // (tp * pp)
+        dp = gpus // (tp * pp * cp)
         if batch % dp:
             continue
         eps = [e for e in _divisors(dp) if m.experts % e == 0] if m.experts else [1]
@@ -94,7 +110,7 @@ def layouts(profile: Profile, batch: int):
                 if (sp and tp == 1) or not supported(t.framework, z, pp):
                     continue
                 yield T.Layout(tp=tp, pp=pp, dp=dp, zero_stage=z, activation_recompute=rc, sequence_parallel=sp,
-                               micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep)
+                               micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep, cp=cp)
 
 
 def _cluster(profile: Profile, gpu_key: str | None) -> T.Cluster:
@@ -123,7 +139,7 @@ def _model(profile: Profile) -> T.Model:
     speedup = (chip.fp8_tflops / chip.bf16_tflops) if profile.training.fp8 and chip and chip.fp8_tflops else 1.0
     return T.Model(params=m.params, layers=m.layers, hidden=m.hidden, seq_len=m.seq_len, vocab=m.vocab,
                    ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash", matmul_speedup=speedup,
-                   experts=m.expert_spec)
+                   experts=m.expert_spec, heads=m.n_heads, kv_heads=m.n_kv_heads)
 
 
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
@@ -131,7 +147,8 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
     return MP.plan_of(profile, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
                       recompute=lay.activation_recompute, sequence_parallel=lay.sequence_parallel,
                       micro_batch_size=lay.micro_batch_size, microbatches=lay.microbatches,
-                      schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave, ep=lay.ep)
+                      schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave, ep=lay.ep,
+                      cp=lay.cp)
 
 
 def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None) -> dict:
@@ -290,7 +307,7 @@ def plan_entry(profile: Profile, ranked: list[dict], fitting: int, capacity: flo
     lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                    sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
                    microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                   ep=t.ep)
+                   ep=t.ep, cp=t.cp)
     c = evaluate(profile, lay, capacity, cluster, efficiency)
     mine = _rank_key(c)
     faster = sum(_rank_key(x) < mine for x in ranked[:fitting])          # ranked as advise ranks
@@ -309,20 +326,25 @@ def evaluate_plan(profile: Profile, efficiency: float | None = None, gpu_key: st
     lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                    sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
                    microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                   ep=t.ep)
+                   ep=t.ep, cp=t.cp)
     return evaluate(profile, lay, capacity, _cluster(profile, gpu_key), efficiency)
 
 
 def not_modelled(profile: Profile) -> list[str]:
     """What the step model cannot see in this plan, said rather than guessed."""
-    out = ["context parallelism is not in the profile yet: a long-context run that uses it is not predicted here"]
+    out = []
+    t = profile.training
+    if t.cp > 1 or profile.model.seq_len >= 2 * CP_MIN_TOKENS:
+        out.append("context parallelism: Megatron / Transformer Engine's key/value ring, overlapped step by step with "
+                   "attention; Llama 3's all-gather variant is shown in chapter 3, DeepSpeed-Ulysses (all-to-all over "
+                   f"heads) is not modelled; cp is searched while s / cp >= {CP_MIN_TOKENS} tokens")
     if profile.model.experts:
         out.append("mixture-of-experts: all-to-alls counted blocking (DualPipe-style overlap not modelled), routing "
                    "balanced on average (the busiest expert's extra load is chapter 4's)")
-    if profile.training.fp8:
+    if t.fp8:
         out.append("fp8: the GEMMs at the FP8 peak with the same efficiency; the scaling recipes' casts and "
                    "amax reductions are not counted (not calibrated on a published fp8 run)")
-    if profile.training.scaling == "strong":
+    if t.scaling == "strong":
         out.append("strong scaling: the advisor ranks layouts at the profile's global batch")
     return out
 
@@ -339,7 +361,7 @@ def no_fit(profile: Profile, closest: dict, capacity: float, batch: int) -> dict
     """Why nothing fits, and what would: the closest layout's shortfall (bytes over 90 % of the GPU), the
     smallest GPU of the hardware table that would hold it, and the fewest nodes (doubling) with a fit."""
     need = closest["memory_per_gpu_bytes"] / MP.FIT_FAIL
-    chips = sorted((c for c in hardware.CHIPS.values() if c.memory_GB * MP.GiB >= need), key=lambda c: c.memory_GB)
+    chips = sorted((c for c in hardware.CHIPS.values() if c.capacity_bytes >= need), key=lambda c: c.capacity_bytes)
     nodes = None
     for k in (2, 4, 8, 16):
         bigger = profile.model_copy(update={"cluster": profile.cluster.model_copy(
@@ -361,7 +383,7 @@ def profile_with(profile: Profile, lay: dict, step_compute_s: float | None = Non
     t = d["training"]
     t.update(tp=lay["tp"], pp=lay["pp"], zero_stage=lay["zero_stage"], activation_recompute=lay["activation_recompute"],
              sequence_parallel=lay["sequence_parallel"], micro_batch_size=lay["micro_batch_size"],
-             microbatches=lay["microbatches"], interleave=lay["interleave"], ep=lay.get("ep", 1),
+             microbatches=lay["microbatches"], interleave=lay["interleave"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
              pipeline_schedule="interleaved" if lay["interleave"] > 1 else "1f1b")
     if step_compute_s is not None:
         t["step_compute_s"] = float(f"{step_compute_s:.4g}")

@@ -10,17 +10,18 @@ def label(c: dict) -> str:
     """One layout in one line: ``tp=2 pp=1 dp=512 ZeRO-1 rc=selective sp mbs=1 m=1``."""
     return (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero_stage']} rc={c['activation_recompute']}"
             + (" sp" if c["sequence_parallel"] else "") + f" mbs={c['micro_batch_size']} m={c['microbatches']}"
-            + (f" v={c['interleave']}" if c["interleave"] > 1 else "") + (f" ep={c['ep']}" if c.get("ep", 1) > 1 else ""))
+            + (f" v={c['interleave']}" if c["interleave"] > 1 else "") + (f" ep={c['ep']}" if c.get("ep", 1) > 1 else "")
+            + (f" cp={c['cp']}" if c.get("cp", 1) > 1 else ""))
 
 
 def own_plan(profile: Profile, candidates: list[dict]) -> dict | None:
     """The candidate that is the profile's own plan (None if the enumeration does not hold it)."""
     t = profile.training
     mine = (t.tp, t.pp, t.zero_stage, t.activation_recompute, t.sequence_parallel, t.micro_batch_size,
-            t.interleave if t.pipeline_schedule == "interleaved" else 1, t.ep)
+            t.interleave if t.pipeline_schedule == "interleaved" else 1, t.ep, t.cp)
     return next((x for x in candidates if (x["tp"], x["pp"], x["zero_stage"], x["activation_recompute"],
                                            x["sequence_parallel"], x["micro_batch_size"], x["interleave"],
-                                           x.get("ep", 1)) == mine), None)
+                                           x.get("ep", 1), x.get("cp", 1)) == mine), None)
 
 
 def table(profile: Profile, candidates: list[dict], top: int = 5):
@@ -38,10 +39,15 @@ def table(profile: Profile, candidates: list[dict], top: int = 5):
         "layout": label(c) + ("  (the profile's plan)" if c is mine else ""),
         "memory per GPU": f"{gib(c['memory_per_gpu_bytes'])} ({c['memory_ratio']:.0%})" + ("" if c["fits"] else ", does not fit"),
         "bubble": f"{c['bubble_fraction']:.1%}",
-        "exposed comm (s)": f"{c['tp_exposed_s'] + c['pp_comm_s'] + c['dp_exposed_s']:.3g}",
+        "exposed comm (s)": f"{_exposed(c):.3g}",
         "step (s)": f"{c['step_s']:.3g}",
         "tokens/s per GPU": f"{c['tokens_per_s_per_gpu']:,.0f}",
         "MFU": f"{c['mfu']:.1%}"} for c in shown])
+
+
+def _exposed(c: dict) -> float:
+    """Communication a candidate's step waits for: tensor-, pipeline-, data- and context-parallel, all-to-alls."""
+    return c["tp_exposed_s"] + c["pp_comm_s"] + c["dp_exposed_s"] + c.get("cp_exposed_s", 0.0) + c.get("a2a_s", 0.0)
 
 
 def _row(c: dict) -> str:
@@ -49,7 +55,7 @@ def _row(c: dict) -> str:
 
     lay = label(c)
     return (f"{lay:<58} {gib(c['memory_per_gpu_bytes']):>10} {c['memory_ratio']:>5.0%} {c['bubble_fraction']:>6.1%} "
-            f"{c['tp_exposed_s'] + c['pp_comm_s'] + c['dp_exposed_s']:>8.3g} {c['step_s']:>8.3g} "
+            f"{_exposed(c):>8.3g} {c['step_s']:>8.3g} "
             f"{c['tokens_per_s_per_gpu']:>9.4g} {c['mfu']:>5.1%}")
 
 
@@ -82,9 +88,10 @@ def text_report(profile: Profile, result: dict, top: int) -> str:
 
 _KNOBS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("zero_stage", "ZeRO"), ("activation_recompute", "recompute"),
           ("sequence_parallel", "sequence parallelism"), ("micro_batch_size", "micro-batch size"),
-          ("microbatches", "micro-batches"), ("interleave", "chunks per stage"), ("ep", "expert parallelism"))
+          ("microbatches", "micro-batches"), ("interleave", "chunks per stage"), ("ep", "expert parallelism"),
+          ("cp", "context parallelism"))
 _TERMS = (("compute", "compute"), ("bubble_s", "pipeline bubble"), ("tp_exposed_s", "exposed tensor-parallel comm"),
-          ("a2a_s", "expert all-to-alls"),
+          ("a2a_s", "expert all-to-alls"), ("cp_exposed_s", "exposed context-parallel K/V ring"),
           ("pp_comm_s", "pipeline send/recv"), ("dp_exposed_s", "exposed data-parallel comm"))
 
 
@@ -98,7 +105,7 @@ def _per_token(c: dict, key: str) -> float:
 def why_faster(best: dict, plan: dict) -> str:
     """Why ``best`` beats ``plan``, in the knobs it changes and the terms of the step that shrink (per
     token), largest first: what an engineer checks before believing it."""
-    knobs = [f"{label} {plan[k]} -> {best[k]}" for k, label in _KNOBS if plan[k] != best[k]]
+    knobs = [f"{label} {plan.get(k, 1)} -> {best.get(k, 1)}" for k, label in _KNOBS if plan.get(k, 1) != best.get(k, 1)]
     gains = sorted(((_per_token(plan, k) - _per_token(best, k), label) for k, label in _TERMS), reverse=True)
     per_plan = 1 / plan["tokens_per_s_per_gpu"]
     terms = [f"{label} -{gain / per_plan:.0%}" for gain, label in gains if gain / per_plan >= 0.02][:3]

@@ -50,17 +50,25 @@ def plan_curve(profile: Profile, measured: dict[int, float] | None = None) -> pd
 def implied_mfu(profile: Profile, gpu_key: str | None) -> dict:
     """The MFU the plan's own numbers imply: one GPU's training FLOPs per step over its compute time.
 
-    ``(6N + 12 L h s) x microbatches x micro_batch_size x seq_len / (tp pp)`` FLOPs (``models.flops``)
+    ``(6N + 12 L h s) x microbatches x micro_batch_size x seq_len / (tp pp cp)`` FLOPs (``models.flops``)
     in ``compute_s`` (one GPU's, ``Profile.gpu_step_s``) against the chip's dense bf16 peak. ``mfu`` is
     None when the chip has no known peak."""
     m, t = profile.model, profile.training
     per_token = flops.train_flops_per_token(m.active_params, m.layers, m.hidden, m.seq_len)   # MoE: active
     tokens = t.microbatches * t.micro_batch_size * m.seq_len
-    step_flops = per_token * tokens / (t.tp * t.pp)
+    step_flops = per_token * tokens / (t.tp * t.pp * t.cp)       # cp GPUs share each sequence
     compute_s = profile.gpu_step_s[1]
     peak = hardware.peak_tflops(gpu_key, "bf16")
+    # The executed-work reading: N from the layer shapes without the input lookup (an embedding costs no
+    # matmul; the output layer does), attention causal (a flash kernel skips the masked half).
+    from preflight.models import states as S
+
+    shape_n = S.model_params(m.layers, m.hidden, m.n_heads, m.vocab, m.kv_heads, m.ffn_hidden, m.mlp,
+                             tied_embeddings=True) if not m.experts else m.active_params - m.vocab * m.hidden
+    executed = (6.0 * shape_n + 6.0 * m.layers * m.hidden * m.seq_len) * tokens / (t.tp * t.pp * t.cp)
     return {"flops_per_token": per_token, "tokens_per_replica": tokens, "step_flops": step_flops,
-            "compute_s": compute_s, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak)}
+            "compute_s": compute_s, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak),
+            "shape_params": shape_n, "mfu_executed": flops.mfu(executed / compute_s, peak)}
 
 
 def _times(k: float) -> str:
@@ -126,7 +134,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     v, words = judge(im["mfu"], warn=IMPLIED_MFU_WARN, fail=IMPLIED_MFU_FAIL, higher_is_better=False, fmt="{:.0%}")
     t, m = profile.training, profile.model
     what = (f"{t.microbatches} x {t.micro_batch_size} x {m.seq_len} tokens at {im['flops_per_token'] / 1e9:.3g} "
-            f"GFLOP per token (6N + 12 L h s) / (tp pp = {t.tp * t.pp}) = {im['step_flops'] / 1e12:.4g} TFLOP in "
+            f"GFLOP per token (6N + 12 L h s) / ({'tp pp cp' if t.cp > 1 else 'tp pp'} = {t.tp * t.pp * t.cp}) = "
+            f"{im['step_flops'] / 1e12:.4g} TFLOP in "
             f"{im['compute_s']:.3g} s of compute")
     if im["mfu"] is None:
         msg = f"{what}; the chip's dense peak is unknown, so the plan cannot be checked against it."
@@ -135,7 +144,9 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
         msg = (f"{what} = {im['mfu']:.0%} of the {im['peak_tflops']:g} TFLOP/s dense bf16 peak (convention: N "
                f"counts the input and output embeddings, {emb:.1%} of N, where Megatron's count leaves the input "
                "lookup out; 12 L h s counts attention non-causal, twice what a causal flash kernel runs; a "
-               "mixture-of-experts counts its active parameters).")
+               "mixture-of-experts counts its active parameters). Counted as the kernels execute it, N from the "
+               f"layer shapes without the input lookup ({im['shape_params'] / 1e9:.3g}B) and attention causal "
+               f"(6 L h s): {im['mfu_executed']:.0%}.")
         if v == "fail":
             msg += (" Beyond what any matmul reaches (about 80 % of the dense peak): revisit "
                     "training.step_compute_s (one GPU's compute per step at the target "

@@ -21,13 +21,16 @@ PROFILE_SOURCE = "computed from profile"
 EFFICIENCY_WARN = 0.80
 FIT_WARN, FIT_FAIL = 0.25, 0.50
 BUSBW_WARN, BUSBW_FAIL = 0.70, 0.40     # measured busbw / the bandwidth the profile assumes (GPUs only)
+# Context parallelism: one K/V transfer over one ring step's attention. Above 1 the ring waits; 0.8 leaves
+# room for kernel launch gaps and a slower step.
+CP_RATIO_WARN, CP_RATIO_FAIL = 0.8, 1.0
 
 
 def allreduce_plan(profile: Profile) -> comm.AllreducePlan:
     """The profile's gradient all-reduce per step (``preflight.models.comm.allreduce_plan``)."""
     m, c, t = profile.model, profile.cluster, profile.training
     serial_s, compute_s = profile.gpu_step_s
-    return comm.allreduce_plan(m.params, profile.dp, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
+    return comm.allreduce_plan(m.params, profile.replicas, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
                                intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
                                nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
                                compute_s=compute_s, serial_s=serial_s, in_network=c.in_network)
@@ -85,8 +88,61 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
                           f"(work {p['work_s']:.3g} s per step, all-reduce {p['time_s']:.3g} s, "
                           f"{p['exposed_overlap_s']:.3g} s of it left exposed if it fully overlapped)."),
                  fix=fix_comm, source=PROFILE_SOURCE)
+    if t.cp > 1:
+        add_cp_finding(sink, profile)
     return p
 
+
+def cp_exchange(profile: Profile, seq_len: int | None = None, cp: int | None = None):
+    """The profile's context-parallel K/V exchange per layer (``preflight.models.context.exchange``) at its
+    micro-batch, tp and GPU, attention at the GEMM efficiency model's share of the bf16 peak."""
+    from preflight.core import hardware
+    from preflight.models import context, throughput
+
+    m, c, t = profile.model, profile.cluster, profile.training
+    s, k = seq_len or m.seq_len, cp or t.cp
+    peak = hardware.peak_tflops(None if c.gpu == "auto" else c.gpu, "bf16") or 0.0
+    gpu = None if c.gpu == "auto" else c.gpu
+    rate = peak * 1e12 * throughput.gemm_efficiency(gpu, m.hidden, t.micro_batch_size * s // k)
+    link = throughput._neighbour_link(throughput.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node,
+                                                         intra_node_GBps=c.intra_node_GBps,
+                                                         inter_node_Gbps=c.inter_node_Gbps,
+                                                         nics_per_node=profile.nics_per_node), t.tp * k)
+    return context.exchange(t.micro_batch_size, s, m.hidden, m.n_heads, m.n_kv_heads, t.tp, k, *link,
+                            rate or 1.0, causal=m.attention == "flash")
+
+
+def cp_table(profile: Profile, seq_lens=(8192, 32768, 131072), cps=(2, 4, 8, 16)) -> pd.DataFrame:
+    """The K/V ring per layer for sequence lengths x cp at the profile's model, tp and links: chunk bytes,
+    one transfer, one ring step's attention, their ratio (<= 1 hides), and Llama 3's all-gather variant."""
+    rows = []
+    for s in seq_lens:
+        for k in cps:
+            if s % (2 * k):
+                continue
+            x = cp_exchange(profile, s, k)
+            rows.append({"seq_len": s, "cp": k, "tokens per GPU": s // k, "K/V chunk (MB)": x.chunk_bytes / 1e6,
+                         "transfer (us)": x.step_s * 1e6, "attention step (us)": x.attn_step_s * 1e6,
+                         "transfer / attention": x.ratio, "ring exposed (ms)": x.ring_exposed_s * 1e3,
+                         "all-gather (ms)": x.allgather_s * 1e3, "hides": x.ratio <= 1})
+    return pd.DataFrame(rows)
+
+
+def add_cp_finding(sink: FindingSink, profile: Profile) -> None:
+    """``communication/cp_exchange``: does the context-parallel K/V ring hide behind attention?"""
+    t, m = profile.training, profile.model
+    x = cp_exchange(profile)
+    v, words = judge(x.ratio, warn=CP_RATIO_WARN, fail=CP_RATIO_FAIL, higher_is_better=False, fmt="{:.2g}")
+    where = "NVLink" if t.tp * t.cp <= profile.cluster.gpus_per_node else "the NICs"
+    sink.add(id="communication/cp_exchange", value=x.ratio, unit="x", verdict=v,
+             threshold=f"one K/V transfer / one ring step's attention: {words}",
+             message=(f"cp={t.cp} at {m.seq_len:,} tokens: each GPU holds {m.seq_len // t.cp:,}; one ring step sends "
+                      f"{x.chunk_bytes / 1e6:.3g} MB of K and V over {where} in {x.step_s * 1e6:.3g} us against "
+                      f"{x.attn_step_s * 1e6:.3g} us of attention ({factor(x.ratio)}); exposed per layer "
+                      f"{x.ring_exposed_s * 1e3:.3g} ms of {x.comm_s * 1e3:.3g} ms."),
+             fix=("Fewer CP ranks for this length (the ratio grows as cp / s), CP ranks inside a node (tp x cp <= GPUs "
+                  "per node), or grouped-query attention (smaller K and V)."),
+             source="preflight.models.context (ring attention, Megatron-Core / Transformer Engine p2p)")
 
 
 def sweep_busbw(profile: Profile, world_size: int, nodes: int) -> float:

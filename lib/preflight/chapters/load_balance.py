@@ -85,22 +85,31 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     in_batch = next(k for k in by if "batch" in k)
     in_dataset = next(k for k in by if "dataset" in k)
     bucket = next(k for k in by if "bucket" in k)
-    v, words = judge(by[in_batch], warn=PADDING_WARN, fail=PADDING_FAIL, higher_is_better=False, fmt="{:.0%}")
+    batching = profile.data.batching
+    mine = {"pad": in_batch, "bucket": bucket, "pack": PAD.PACKING["split"]}[batching]
+    v, words = judge(by[mine], warn=PADDING_WARN, fail=PADDING_FAIL, higher_is_better=False, fmt="{:.0%}")
     src = "profile's lengths_file" if profile.data.lengths_file else (
         f"lognormal lengths, median {profile.data.length_median}, sigma {profile.data.length_sigma:g}, "
         f"max {profile.model.seq_len}")
-    sink.add(id="load_balance/padding_waste", value=by[in_batch], unit="fraction", verdict=v, threshold=words,
-             message=(f"Padding to the longest sample of each batch of {PADDING_BATCH} wastes {percent(by[in_batch])} of "
-                      f"the tokens computed ({src}); padding to the longest in the dataset {percent(by[in_dataset])}; "
+    plan_words = {"pad": f"padding to the longest sample of each batch of {PADDING_BATCH}",
+                  "bucket": f"length bucketing ({N_BUCKETS} buckets)",
+                  "pack": f"packing into rows of {seq_len} tokens"}[batching]
+    sink.add(id="load_balance/padding_waste", value=by[mine], unit="fraction", verdict=v, threshold=words,
+             message=(f"The plan's batching (data.batching = {batching}), {plan_words}, wastes {percent(by[mine])} of "
+                      f"the tokens computed ({src}). Padding to the longest sample of each batch of {PADDING_BATCH} "
+                      f"wastes {percent(by[in_batch])}; padding to the longest in the dataset {percent(by[in_dataset])}; "
                       f"length bucketing ({N_BUCKETS} buckets) {percent(by[bucket])}. Packing into rows of {seq_len} "
                       f"tokens: {percent(by[PAD.PACKING['split']])} (samples cut at row ends), "
                       f"{percent(by[PAD.PACKING['best_fit']])} (whole samples, best fit), {percent(by[PAD.PACKING['next_fit']])} "
                       f"(whole samples, next fit); but a batch of {PADDING_BATCH} rows then holds "
                       f"{pack['samples_per_batch_min']}-{pack['samples_per_batch_max']} samples, not {PADDING_BATCH}, "
-                      "and attention must be masked per document, or tokens attend across documents."),
-             fix="Batch by length (preflight.toolkit.sampling.LengthBucketSampler) or pack sequences with document masks "
-                 "(varlen / FlexAttention kernels; restart positions only with absolute position embeddings); never pad to the "
-                 "dataset's maximum.", source=PROFILE_SOURCE)
+                      "and tokens attend across documents unless attention is masked per document (Llama 3 found such "
+                      "masks of limited impact in standard pre-training, important for very long sequences)."),
+             fix=("Nothing to fix here." if v == "pass" else
+                  "Batch by length (preflight.toolkit.sampling.LengthBucketSampler) or pack sequences (data.batching: "
+                  "pack) with document masks where cross-document attention matters (varlen / FlexAttention kernels; "
+                  "Llama 3 found such masks of limited impact in standard pre-training; restart positions only with "
+                  "absolute position embeddings); never pad to the dataset's maximum."), source=PROFILE_SOURCE)
 
     t = profile.training
     v_chunks = t.interleave if t.pipeline_schedule == "interleaved" else 1

@@ -35,20 +35,24 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
                   interleave=t.interleave if t.pp > 1 else 1, attention=m.attention, mlp=m.mlp,
                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, dropout=m.dropout, framework=t.framework,
                   shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None,
-                  fp8=t.fp8, moe=m.expert_spec, ep=t.ep)
+                  fp8=t.fp8, moe=m.expert_spec, ep=t.ep, cp=t.cp, grad_dtype=t.grad_dtype,
+                  bucket_view=t.gradient_as_bucket_view)
     fields.update(changes)
     return M.Plan(**fields)
 
 
 def capacity_bytes(profile: Profile, device=None) -> tuple[float | None, str]:
-    """Memory of one GPU in bytes and where the figure comes from. Marketed "80GB" HBM is 80 GiB, so
-    the table's and the profile's GB are read as GiB; ``auto`` takes this machine's device, whose
-    ``memory_GB`` is torch's exact byte count / 1e9 (decimal GB)."""
+    """Memory of one GPU in bytes and where the figure comes from: ``cluster.gpu_memory_GB`` as 1e9 bytes
+    (decimal, as named), else the hardware table's ``capacity_bytes`` (nvidia-smi's total where recorded:
+    81,559 MiB for an H100 "80GB", not 80 GiB), else under ``auto`` this machine's device (torch's exact
+    byte count)."""
     c = profile.cluster
     if c.gpu_memory_GB:
-        return c.gpu_memory_GB * GiB, "cluster.gpu_memory_GB"
+        return c.gpu_memory_GB * 1e9, "cluster.gpu_memory_GB"
     if c.gpu != "auto":
-        return CHIPS[c.gpu].memory_GB * GiB, f"{c.gpu} in the hardware table"
+        chip = CHIPS[c.gpu]
+        what = f"{chip.smi_MiB:,} MiB in nvidia-smi" if chip.smi_MiB else f"{chip.memory_GB:g} GB as 1e9 bytes"
+        return chip.capacity_bytes, f"{c.gpu} in the hardware table, {what}"
     if device is not None and device.memory_GB:
         return device.memory_GB * 1e9, f"this machine ({device.label})"
     return None, "unknown (gpu: auto without a device)"
@@ -77,7 +81,8 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
         terms.attrs.get("stage", "only")]
     m = profile.model
     attn_words = {"flash": "flash attention (no s x s scores kept)", "math": "math attention (s x s scores kept)"}
-    plan_words = (f"tp={t.tp}, pp={t.pp}, dp={profile.dp}, {t.framework} ZeRO-{t.zero_stage}, "
+    plan_words = (f"tp={t.tp}, pp={t.pp}, dp={profile.dp}" + (f", cp={t.cp}" if t.cp > 1 else "")
+                  + f", {t.framework} ZeRO-{t.zero_stage}, "
                   f"recompute {t.activation_recompute}, {attn_words[m.attention]}, "
                   f"micro-batch {t.micro_batch_size} x {m.seq_len} tokens"
                   + (", sequence parallel" if t.sequence_parallel else ""))
@@ -89,15 +94,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile, device=None) -> dict:
                       + (f"gathered layer parameters {gib(gathered)}, " if gathered else "")
                       + f"activations {gib(act)}, framework allowance {gib(by['framework'])}."),
              fix="See baseline/memory_fits.", source=PROFILE_SOURCE)
-    shard_words = (f"{t.framework}, ZeRO-{t.zero_stage}, sharded over {plan.shard} of the dp={profile.dp} ranks"
+    reps = f"dp={profile.dp}" + (f" x cp={t.cp}" if t.cp > 1 else "")
+    shard_words = (f"{t.framework}, ZeRO-{t.zero_stage}, sharded over {plan.shard} of the {reps} ranks"
                    + (" (HSDP: inside a node)" if t.shard_group == "node" else "") if t.zero_stage else
-                   f"{t.framework}, no ZeRO: a full copy on each of the dp={profile.dp} ranks")
+                   f"{t.framework}, no ZeRO: a full copy on each of the {reps} ranks")
     shape_params = S.model_params(m.layers, m.hidden, m.n_heads, m.vocab, m.kv_heads, m.ffn_hidden, m.mlp)
     for fid, key in (("memory_weights", "weights"), ("memory_grads", "gradients"), ("memory_optimizer", "optimizer")):
         extra = (f" model.params = {num(m.params)}; the layer shapes give {num(shape_params)} "
                  f"({S.params_formula(m.mlp)})." if key == "weights" else "")
         sink.add(id=f"baseline/{fid}", value=by[key], unit="bytes", verdict="info", threshold="recorded for reference",
-                 message=(f"{S.describe(t.framework, key)}: {gib(by[key])} per GPU = {formula[key]} "
+                 message=(f"{S.describe(t.framework, key, t.grad_dtype)}: {gib(by[key])} per GPU = {formula[key]} "
                           f"({shard_words}).{extra}"),
                  fix=("ZeRO shards optimizer state (1), gradients (2) and weights (3) over data parallelism; "
                       "megatron's distributed optimizer is stage 1, FSDP2 is stage 3."),

@@ -105,7 +105,8 @@ def _states_finding(r: dict, profile: Profile) -> dict:
     tb, n, t = r["memory"]["tensor_bytes"], r["params"], profile.training
     planned_fp32 = sum(b for _, b, _ in S.state_rows(t.framework, "fp32", 0, n, 1, "params"))
     tp_pp = t.tp * t.pp
-    shard = profile.dp if t.shard_group == "dp" else math.gcd(profile.dp, max(1, profile.cluster.gpus_per_node // t.tp))
+    node_ranks = max(1, profile.cluster.gpus_per_node // t.tp)
+    shard = profile.replicas if t.shard_group == "dp" else math.gcd(profile.replicas, node_ranks)
     layout = sum(b for _, b, _ in S.state_rows(t.framework, "mixed", t.zero_stage, n / tp_pp, shard, "params / (tp pp)"))
     return dict(value=tb["model_states"], verdict="info",
                 threshold="measured (tensor bytes after one optimizer step) against the planner (preflight.models.states)",

@@ -21,10 +21,18 @@ class Chip:
     fp32_tflops: float      # plain FP32 (non-tensor-core), TFLOP/s
     tf32_tflops: float | None  # dense TF32 tensor-core, TFLOP/s (None where the chip has no TF32)
     memory_GBps: float      # device memory bandwidth, GB/s
-    memory_GB: float        # device memory as marketed ("80GB" is 80 GiB of HBM; torch reports bytes)
+    memory_GB: float        # device memory as marketed, GB (decimal: the planner reads it as 1e9 bytes)
     nvlink_GBps: float | None  # per-GPU scale-up link bandwidth, GB/s, both directions summed
     source: str
     fp8_tflops: float | None = None  # dense FP8 tensor-core, TFLOP/s (None: no FP8 tensor cores)
+    smi_MiB: int | None = None       # total memory nvidia-smi reports, MiB (None: not recorded here)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """What the memory planner holds a plan against: nvidia-smi's total where recorded (an H100 "80GB"
+        shows 81,559 MiB = 85.5e9 B: less than 80 GiB = 85.9e9), else the marketed GB as 1e9 bytes (below
+        every recorded total, so on the safe side)."""
+        return self.smi_MiB * 2 ** 20 if self.smi_MiB else self.memory_GB * 1e9
 
     def peak_tflops(self, dtype: str) -> float | None:
         return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "fp32": self.fp32_tflops,
@@ -34,6 +42,8 @@ class Chip:
         return asdict(self)
 
 
+# nvidia-smi's total memory (``smi_MiB``), as reported on these parts: A100-SXM4-80GB 81,920 MiB, A100-SXM4-40GB
+# 40,960 MiB, H100 80GB HBM3 81,559 MiB, H200 143,771 MiB. The other rows use the marketed GB as 1e9 bytes.
 # FP8 (``fp8_tflops``): the same datasheets' FP8 tensor-core rows, dense (half the "*" sparse figure):
 # H100 SXM / H200 SXM / GH200 3,958* -> 1,979; H100 PCIe 3,026* -> 1,513; H100 / H200 NVL 3,341* -> 1,670.5;
 # B200 9 PFLOPS* -> 4,500; GB200 10 PFLOPS* -> 5,000; L40S 1,466* -> 733; MI300X 2,614.9 dense. A100 has none.
@@ -53,9 +63,9 @@ _L40S = "https://www.nvidia.com/en-us/data-center/l40s/"
 CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("A100-SXM", 312.0, 312.0, 19.5, 156.0, 2039.0, 80.0, 600.0,
          f"NVIDIA A100 datasheet, A100 80GB SXM: BF16/FP16 312 | 624*, TF32 156 | 312*, FP32 19.5, "
-         f"2,039 GB/s, NVLink 600 GB/s ({_A100})"),
+         f"2,039 GB/s, NVLink 600 GB/s ({_A100})", smi_MiB=81920),
     Chip("A100-SXM-40GB", 312.0, 312.0, 19.5, 156.0, 1555.0, 40.0, 600.0,
-         f"NVIDIA A100 datasheet, A100 40GB SXM: compute as the 80GB SXM, 1,555 GB/s ({_A100})"),
+         f"NVIDIA A100 datasheet, A100 40GB SXM: compute as the 80GB SXM, 1,555 GB/s ({_A100})", smi_MiB=40960),
     Chip("A100-PCIe", 312.0, 312.0, 19.5, 156.0, 1935.0, 80.0, 600.0,
          f"NVIDIA A100 datasheet, A100 80GB PCIe: compute as SXM, 1,935 GB/s, NVLink bridge for 2 GPUs "
          f"600 GB/s ({_A100})"),
@@ -64,7 +74,7 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
          f"600 GB/s ({_A100})"),
     Chip("H100-SXM", 989.5, 989.5, 67.0, 494.5, 3350.0, 80.0, 900.0,
          f"NVIDIA H100 datasheet, H100 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 80 GB, 3.35 TB/s, "
-         f"NVLink 900 GB/s ({_H100})", fp8_tflops=1979.0),
+         f"NVLink 900 GB/s ({_H100})", fp8_tflops=1979.0, smi_MiB=81559),
     Chip("H100-PCIe", 756.5, 756.5, 51.0, 378.0, 2000.0, 80.0, 600.0,
          f"NVIDIA H100 datasheet, earlier revision's H100 PCIe column: BF16/FP16 1,513*, TF32 756*, FP32 51, "
          f"80 GB HBM2e, 2 TB/s, NVLink bridge 600 GB/s (the current revision lists H100 NVL instead; {_H100})",
@@ -78,7 +88,7 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
          "reported to print 4.2 TB/s for the NVL: measure it)", fp8_tflops=1670.5),
     Chip("H200-SXM", 989.5, 989.5, 67.0, 494.5, 4800.0, 141.0, 900.0,
          f"NVIDIA H200 product page, H200 SXM: BF16/FP16 1,979*, TF32 989*, FP32 67, 141 GB, 4.8 TB/s, "
-         f"NVLink 900 GB/s ({_H200})", fp8_tflops=1979.0),
+         f"NVLink 900 GB/s ({_H200})", fp8_tflops=1979.0, smi_MiB=143771),
     Chip("GH200", 990.0, 990.0, 67.0, 494.0, 4000.0, 96.0, None,
          f"NVIDIA GH200 Grace Hopper Superchip datasheet, GH200 (96GB HBM3): BF16/FP16 990 dense, TF32 494 "
          f"dense, FP32 67, up to 4 TB/s; NVLink-C2C 900 GB/s is CPU-GPU, GPU-GPU NVLink depends on the "

@@ -140,7 +140,8 @@ def layout_verdict(profile) -> tuple[str, str]:
     c, t = profile.cluster, profile.training
     rules = check_layout(c.gpus_per_node, c.nodes, t.tp, t.pp)
     verdict = worst(r["verdict"] for r in rules)
-    head = f"tp={t.tp} x pp={t.pp} x dp={profile.dp} on {c.nodes} nodes x {c.gpus_per_node} GPUs"
+    head = (f"tp={t.tp} x pp={t.pp} x dp={profile.dp}" + (f" x cp={t.cp} (the gradients reduce over dp x cp = "
+            f"{profile.replicas} ranks)" if t.cp > 1 else "") + f" on {c.nodes} nodes x {c.gpus_per_node} GPUs")
     # the worst rules if something is wrong, else the informative ones (e.g. DP crossing nodes)
     notes = [r["detail"] for r in rules if r["verdict"] == (verdict if verdict in ("warn", "fail") else "info")]
     return verdict, f"{head}: " + (" ".join(notes) if notes else "every rule passes.")

@@ -32,6 +32,10 @@ min(p, m) on the first stage, interleaved p (1 + (p-1)/(p v)) for m > p (Korthik
 pp = 1 runs gradient accumulation one micro-batch at a time: 1. The first stage (most micro-batches)
 and the last (logits) are both evaluated; the larger total is reported (``terms(p).attrs``).
 
+Context parallelism (``preflight.models.context``): each of ``cp`` GPUs keeps the activations of
+``s / cp`` tokens (every per-token term above, the logits too); the weights are replicated over
+``dp x cp`` ranks, so ZeRO shards over all of them.
+
 More tp, ZeRO stage, recompute or sequence parallelism never adds memory, a larger micro-batch
 never removes any. More pp usually saves, but not always: GPipe at pp > 1 keeps all m micro-batches
 (pp 1 -> 2 can cost m-fold activations), interleaving grows the first stage's share as
@@ -70,7 +74,7 @@ PRECISIONS = ("mixed", "fp32")
 # logits, reused for their gradient: Korthikanti sec. 4.3's 4 s b V); a plain F.cross_entropy on
 # logits.float() (torchtitan, most FSDP2 loops) holds the bf16 logits, the fp32 copy and its fp32
 # gradient at the start of the backward: 2 + 4 + 4.
-LOGIT_BYTES = {"megatron": 4, "deepspeed": 4, "fsdp2": 10}
+LOGIT_BYTES = {"megatron": 4, "deepspeed": 4, "fsdp2": 10, "ddp": 10}
 FP8_WEIGHT_BYTES = 2                # fp8 weight + fp8 transpose per weight held for compute
 SRC_ACT = "Korthikanti et al. 2022 (arXiv 2205.05198) sec. 4.1-4.2, Table 2, generalised (models/activations.py)"
 
@@ -109,10 +113,13 @@ class Plan:
     fp8: bool = False               # FP8 GEMMs (Transformer Engine): an fp8 weight copy and its transpose
     moe: Experts | None = None      # mixture-of-experts (``preflight.models.moe``): routed experts over ep
     ep: int = 1
+    cp: int = 1                     # context parallelism: each GPU keeps s / cp tokens' activations
+    grad_dtype: str | None = None   # the gradients' dtype (states.layout); None: the framework's default
+    bucket_view: bool = False       # DDP's gradient_as_bucket_view (one fp32 gradient copy, not two)
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch_size", "tp", "pp",
-                     "dp", "microbatches", "interleave", "ffn_hidden", "kv_heads", "shard_group_gpus"):
+                     "dp", "microbatches", "interleave", "ffn_hidden", "kv_heads", "shard_group_gpus", "cp"):
             val = getattr(self, name)
             if val is None and name in ("ffn_hidden", "kv_heads", "shard_group_gpus"):
                 continue
@@ -144,6 +151,11 @@ class Plan:
         if self.interleave > 1 and (self.pp < 2 or self.microbatches % self.pp):
             raise ValueError(f"interleaved schedule needs pp >= 2 and microbatches % pp == 0 "
                              f"(got pp={self.pp}, microbatches={self.microbatches})")
+        if self.grad_dtype not in (None, *S.GRAD_BYTES):
+            raise ValueError(f"grad_dtype must be one of {tuple(S.GRAD_BYTES)} or None (got {self.grad_dtype!r})")
+        if self.cp > 1 and (self.seq_len % self.cp or self.attention != "flash"):
+            raise ValueError(f"context parallelism needs cp dividing seq_len and flash attention (cp={self.cp}, "
+                             f"seq_len={self.seq_len}, attention={self.attention!r})")
         for name in ("sequence_parallel", "tied_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False (got {getattr(self, name)!r})")
@@ -162,12 +174,18 @@ class Plan:
         return self.kv_heads or self.heads
 
     @property
+    def local_seq(self) -> int:
+        """Tokens of a sequence on one GPU: s / cp."""
+        return self.seq_len // self.cp
+
+    @property
     def shard(self) -> int:
-        """Data-parallel ranks of one sharding group: all of them, or those inside ``shard_group_gpus``
-        (ranks are laid out tp fastest, then dp: a node of g GPUs holds g / tp of them)."""
+        """Ranks of one sharding group: every rank holding the same weights (dp x cp: context-parallel
+        ranks hold the same weights as data-parallel ones), or those inside ``shard_group_gpus`` (ranks are
+        laid out tp fastest, then cp, then dp: a node of g GPUs holds g / tp of them)."""
         if self.shard_group_gpus is None:
-            return self.dp
-        return math.gcd(self.dp, max(1, self.shard_group_gpus // self.tp))
+            return self.dp * self.cp
+        return math.gcd(self.dp * self.cp, max(1, self.shard_group_gpus // self.tp))
 
 
 def layer_activation_bytes(seq_len: int, micro_batch_size: int, hidden: int, heads: int, tp: int = 1,
@@ -188,11 +206,11 @@ def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
     """``activations.layer_parts`` for the plan's layer (before tp). A mixture-of-experts layer keeps its
     MLP's tensors for the ``top_k + shared`` experts each token visits (``(k + s) f_e`` in place of
     ``ffn``), averaged with the dense layers over the stage."""
-    dense = A.layer_parts(p.seq_len, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp, p.attention,
+    dense = A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp, p.attention,
                           p.dropout, p.recompute, p.precision)
     if not p.moe:
         return dense
-    moe = A.layer_parts(p.seq_len, p.micro_batch_size, p.hidden, p.heads, p.kv,
+    moe = A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv,
                         (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
                         p.recompute, p.precision)
     w = p.moe.moe_layers / p.layers
@@ -213,11 +231,12 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     where = f"((params - {num(emb_total)}) / (pp tp) + {extra} V h / tp = {num(per_gpu)} params)"
     src = S.SOURCES[p.framework]
     rows = [(t, b, f"{p.framework}: {f}", src)
-            for t, b, f in S.state_rows(p.framework, p.precision, p.zero_stage, per_gpu, p.shard, where)]
+            for t, b, f in S.state_rows(p.framework, p.precision, p.zero_stage, per_gpu, p.shard, where, p.grad_dtype,
+                                        p.bucket_view)]
     if routed:      # the routed experts: split by pp x ep, their states sharded over the dp / ep ranks holding each
         experts_gpu = routed / (p.pp * p.ep)
         e_rows = S.state_rows(p.framework, p.precision, p.zero_stage, experts_gpu, max(1, p.shard // p.ep),
-                              f"{num(experts_gpu)} expert params (routed / (pp ep))")
+                              f"{num(experts_gpu)} expert params (routed / (pp ep))", p.grad_dtype)
         rows = [(t, b + eb, f"{f}; experts: {ef}", s_) for (t, b, f, s_), (_, eb, ef) in zip(rows, e_rows)]
         per_gpu += experts_gpu
     lps = -(-p.layers // p.pp)          # the fullest stage (uneven splits: 61 layers on 16 stages hold 4)
@@ -240,10 +259,11 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
                  f"({p.attention} attention, {p.mlp.upper() if p.mlp == 'gelu' else 'SwiGLU'} MLP, "
                  f"{'no' if p.recompute == 'none' else p.recompute} recompute, "
                  f"{'sequence parallelism' if p.sequence_parallel else 'no sequence parallelism'}, "
+                 f"{f'cp={p.cp}: s/cp = {p.local_seq} tokens, ' if p.cp > 1 else ''}"
                  f"{SCHEDULE_LABELS.get(p.schedule, p.schedule)}; "
                  f"per layer {A.formula(p.attention, p.mlp, p.dropout, p.recompute)})",
                  SRC_ACT + "; in flight: sec. 4.2.3, Narayanan et al. 2021 sec. 2.2"))
-    sbh, rep = p.seq_len * p.micro_batch_size * p.hidden, p.tp if p.sequence_parallel else 1
+    sbh, rep = p.local_seq * p.micro_batch_size * p.hidden, p.tp if p.sequence_parallel else 1
     out_b, parts = 0.0, []
     if stage == "first" and p.dropout > 0:
         out_b += n * sbh / rep
@@ -251,7 +271,7 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     if stage == "last" or p.pp == 1:
         m_out = p.microbatches if (p.schedule == "gpipe" and p.pp > 1) else 1
         lb = LOGIT_BYTES[p.framework]
-        out_b += m_out * (2 * e * sbh / rep + lb * p.seq_len * p.micro_batch_size * p.vocab / p.tp)
+        out_b += m_out * (2 * e * sbh / rep + lb * p.local_seq * p.micro_batch_size * p.vocab / p.tp)
         parts.append(f"{m_out} x (norm + output-projection inputs {2 * e} sbh{'/t' * (rep > 1)} "
                      + ("+ fp32 logits 4 s b V / t)" if lb == 4 else
                         f"+ logits {lb} s b V / t: 16-bit, their fp32 copy and its gradient)"))
@@ -295,8 +315,8 @@ def total_bytes(plan: Plan) -> float:
 def fits(plan: Plan, gpu_memory_GB: float) -> tuple[bool, float]:
     """Does the plan fit, and the headroom ``1 - total / capacity`` (negative: short by that much).
 
-    GB here is 1e9 bytes, as the name says; an "80 GB" card reports ~85.5e9 bytes (81559 MiB) in
-    nvidia-smi, so reading it as 80e9 leaves ~6 % of safety on top of the framework allowance.
+    GB here is 1e9 bytes, as the name says. An H100 "80GB" shows 81,559 MiB (85.5e9 B) in nvidia-smi:
+    pass that (``core.hardware.Chip.capacity_bytes / 1e9``), not 80 GiB (85.9e9 B, more than the card has).
     """
     if not gpu_memory_GB > 0:
         raise ValueError(f"gpu_memory_GB must be > 0 (got {gpu_memory_GB})")

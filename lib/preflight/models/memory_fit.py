@@ -27,7 +27,7 @@ def _candidates(p: Plan, gpus_per_node: int, gpus: int) -> list[tuple]:
         c.append(("sp", 0, "sequence parallel", "free: all-reduce becomes reduce-scatter + all-gather, "
                   "same volume; 3 % faster per layer (Korthikanti Table 4)",
                   lambda q: replace(q, sequence_parallel=True)))
-    if p.dp > 1:
+    if p.dp * p.cp > 1:
         for z in (z for z in S.STAGES[p.framework] if z > p.zero_stage):
             cost = ("no extra communication: reduce-scatter + all-gather = one all-reduce "
                     "(Rajbhandari sec. 7.2.1)" if z < 3 else
@@ -70,9 +70,9 @@ def _candidates(p: Plan, gpus_per_node: int, gpus: int) -> list[tuple]:
 def _regrid(q: Plan, gpus: int, tp: int | None = None, pp: int | None = None) -> Plan:
     """Change tp or pp on a fixed number of GPUs: dp follows, and m so the global batch stays."""
     tp, pp = tp or q.tp, pp or q.pp
-    if gpus % (tp * pp):
-        raise ValueError(f"tp * pp = {tp * pp} does not divide gpus = {gpus}")
-    dp = gpus // (tp * pp)
+    if gpus % (tp * pp * q.cp):
+        raise ValueError(f"tp * pp * cp = {tp * pp * q.cp} does not divide gpus = {gpus}")
+    dp = gpus // (tp * pp * q.cp)
     if (q.microbatches * q.dp) % dp:
         raise ValueError("global batch not divisible by the new dp")
     return replace(q, tp=tp, pp=pp, dp=dp, microbatches=q.microbatches * q.dp // dp)
@@ -93,8 +93,8 @@ def cheapest_fit(plan: Plan, gpu_memory_GB: float, gpus_per_node: int, gpus: int
     for name, val in (("gpus_per_node", gpus_per_node), ("gpus", gpus), ("max_changes", max_changes)):
         if isinstance(val, bool) or int(val) != val or val < 1:
             raise ValueError(f"{name} must be an integer >= 1 (got {val!r})")
-    if plan.tp * plan.pp * plan.dp != gpus:
-        raise ValueError(f"gpus must equal tp * pp * dp = {plan.tp * plan.pp * plan.dp} (got {gpus})")
+    if plan.tp * plan.pp * plan.dp * plan.cp != gpus:
+        raise ValueError(f"gpus must equal tp * pp * dp * cp = {plan.tp * plan.pp * plan.dp * plan.cp} (got {gpus})")
     cands = _candidates(plan, gpus_per_node, gpus)
     rows = [((), "none (as planned)", "-", plan)]
     for k in range(1, max_changes + 1):

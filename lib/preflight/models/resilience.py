@@ -141,7 +141,7 @@ def reference_points() -> pd.DataFrame:
 # m and v 8 = 14 B (DeepSpeed's mp_rank / zero_pp_rank files; Megatron's distributed checkpoint of the
 # distributed optimizer); FSDP2 fp32 sharded parameters 4 + m and v 8 = 12 B (torch.distributed.checkpoint
 # of model and optimizer state dicts).
-CHECKPOINT_BYTES_PER_PARAM = {"deepspeed": 14, "megatron": 14, "fsdp2": 12}
+CHECKPOINT_BYTES_PER_PARAM = {"deepspeed": 14, "megatron": 14, "fsdp2": 12, "ddp": 12}
 
 
 def checkpoint_seconds(params: float, framework: str, write_GBps: float) -> float:

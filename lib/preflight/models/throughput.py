@@ -48,6 +48,10 @@ Engine's userbuffers): then it pipelines with the adjacent GEMMs and only what e
   what makes ZeRO-3 fall (175B on 384 -> 1536 A100s: 144 -> 44 TFLOP/s per GPU, Narayanan et al. 2021
   Table 2).
 
+**Context parallelism** (``preflight.models.context``): each of ``cp`` GPUs computes ``b s / cp`` tokens
+of every sequence (their attention against all ``s`` keys); per layer the K/V ring's transfers show
+where one exceeds a ring step's attention; the gradients reduce over ``dp x cp`` ranks.
+
 **Pipeline**: the 1F1B bubble ``(p-1)/(v m)`` of the slowest stage (the output layer makes the last one
 the slowest); each stage sends a micro-batch's activations and receives their gradient (``b s h / tp``
 16-bit values, ``v`` times per micro-batch), across nodes on the GPU's share of the NICs, blocking.
@@ -61,6 +65,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import context as CP
 from .comm import BYTES_PER_ELEMENT, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
 from .flops import train_flops_per_token
 from .moe import Experts, active_params, all_to_all_s, params_per_gpu
@@ -116,6 +121,7 @@ class Layout:
     microbatches: int
     interleave: int = 1
     ep: int = 1                     # expert parallelism (MoE), carved out of dp
+    cp: int = 1                     # context parallelism: the sequence split over cp GPUs (``models.context``)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ def framework_overlap(framework: str) -> Overlap:
     reduce-scatters during the backward and prefetches the next layer's weights (implicit prefetch)."""
     return {"megatron": Overlap(tp_comm=False, grad_reduce=False, param_gather=False),
             "deepspeed": Overlap(tp_comm=False, grad_reduce=True, param_gather=True),
-            "fsdp2": Overlap(tp_comm=False, grad_reduce=True, param_gather=True)}[framework]
+            "fsdp2": Overlap(tp_comm=False, grad_reduce=True, param_gather=True),
+            "ddp": Overlap(tp_comm=False, grad_reduce=True, param_gather=True)}[framework]
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,8 @@ class Model:
     causal_flash: bool = False        # a causal flash kernel executes half of attention's FLOPs
     matmul_speedup: float = 1.0       # fp8 GEMMs: the chip's fp8 peak over its bf16 peak (attention stays bf16)
     experts: Experts | None = None    # mixture-of-experts (``preflight.models.moe``); None: dense
+    heads: int | None = None          # attention heads (context parallelism's K/V bytes); None: h / 128
+    kv_heads: int | None = None       # key/value heads (grouped-query attention); None: heads
 
     @property
     def active(self) -> float:
@@ -175,6 +184,8 @@ class StepTime:
     tp_exposed_s: float
     pp_comm_s: float
     a2a_s: float                    # MoE all-to-alls (dispatch, combine; forward and backward), blocking
+    cp_comm_s: float                # context parallelism's key/value ring, all of it
+    cp_exposed_s: float             # the part of it attention does not hide
     dp_comm_s: float                # the data-parallel traffic's time
     dp_exposed_s: float             # the part not hidden behind compute
     serial_s: float
@@ -208,6 +219,14 @@ def recompute_factor(recompute: str, params: float, layers: int, hidden: int, se
     return 1.0 + extra / f
 
 
+def _neighbour_link(cluster: Cluster, span: int) -> tuple[float, float]:
+    """(GB/s, latency) between neighbours ``span`` ranks apart in rank order: NVLink inside a node, else the
+    GPU's share of the node's NICs."""
+    if span <= cluster.gpus_per_node:
+        return cluster.intra_node_GBps, NVLINK_LATENCY_S
+    return gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node), NIC_LATENCY_S
+
+
 def _ring(buffer: float, ranks: int, bw_GBps: float, alpha: float) -> float:
     """Ring reduce-scatter or all-gather of a ``buffer`` (the whole, gathered size) over ``ranks``."""
     if ranks <= 1 or buffer <= 0:
@@ -221,12 +240,13 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     """The step of one GPU under ``lay`` (the module's formula). ``efficiency`` None: :func:`gemm_efficiency`.
     ValueError on a bad efficiency."""
     tp, pp, dp, m, b, v = lay.tp, lay.pp, lay.dp, lay.microbatches, lay.micro_batch_size, lay.interleave
+    cp = lay.cp
     s, h = model.seq_len, model.hidden
-    eff = gemm_efficiency(cluster.chip, h, b * s) if efficiency is None else efficiency
+    tokens_mb = b * s // cp                                    # one GPU's tokens of a micro-batch
+    eff = gemm_efficiency(cluster.chip, h, tokens_mb) if efficiency is None else efficiency
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
     rate = cluster.peak_tflops * 1e12 * eff
-    tokens_mb = b * s
     fwd, bwd = layer_flops(model, tokens_mb, lay.activation_recompute)
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
     out_layer = 6.0 * model.vocab * h * tokens_mb / tp / rate  # the output layer, on the last stage
@@ -238,7 +258,12 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         tp_layer = TP_ALLREDUCES[lay.activation_recompute] * one
         tp_exposed_layer = max(0.0, tp_layer - GEMM_SHARE * (t_fwd + t_bwd)) if overlap.tp_comm else tp_layer
 
-    # data parallelism: the rail-aware bandwidth and per-hop latency of this group
+    cp_x = CP.exchange(b, s, h, model.heads or max(1, h // 128), model.kv_heads or model.heads or max(1, h // 128),
+                       tp, cp, *_neighbour_link(cluster, tp * cp), rate, causal=model.causal_flash)
+
+    # data parallelism: the weights' replicas are dp x cp ranks (CP ranks hold the same weights); the
+    # rail-aware bandwidth and per-hop latency of that group
+    dp = dp * cp
     link = allreduce_link(dp_placement(dp, tp, pp, cluster.gpus_per_node), intra_node_GBps=cluster.intra_node_GBps,
                           inter_node_Gbps=cluster.inter_node_Gbps, nics_per_node=cluster.nics_per_node,
                           gpus_per_node=cluster.gpus_per_node) if dp > 1 else None
@@ -264,13 +289,14 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         a2a_layer = 4 * all_to_all_s(tokens_mb, h, model.experts.top_k, lay.ep, bw,
                                      NVLINK_LATENCY_S if inside else NIC_LATENCY_S)
     moe_stage = (model.experts.moe_layers / pp) if model.experts is not None else 0.0
-    t_stage = layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer) + moe_stage * a2a_layer + out_layer
+    t_stage = (layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer + cp_x.ring_exposed_s)
+               + moe_stage * a2a_layer + out_layer)
     compute = m * (layers_stage * (t_fwd + t_bwd) + out_layer)
     pipe = (m + (pp - 1) / v) * t_stage if pp > 1 else m * t_stage
 
     pp_comm = 0.0
     if pp > 1:
-        across = tp * dp >= cluster.gpus_per_node               # stage neighbours tp*dp ranks apart
+        across = tp * dp >= cluster.gpus_per_node               # stage neighbours tp*cp*dp ranks apart
         bw = (gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
               if across else cluster.intra_node_GBps)
         one = ACTIVATION_BYTES * tokens_mb * h / tp / (bw * 1e9) + (NIC_LATENCY_S if across else NVLINK_LATENCY_S)
@@ -300,14 +326,15 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
             dp_exposed = (m + (pp - 1) / v if pp > 1 else m) * layers_stage * z3_layer
             pipe -= dp_exposed                                   # counted once, as data-parallel time
     step = serial_s + pipe + pp_comm + dp_exposed
-    tokens = m * b * s
-    model_flops = train_flops_per_token(model.active, model.layers, h, s) * tokens / (tp * pp)
+    tokens = m * b * s                                           # one replica's tokens (cp GPUs share each sequence)
+    model_flops = train_flops_per_token(model.active, model.layers, h, s) * tokens / (tp * pp * cp)
     hw = model_flops * recompute_factor(lay.activation_recompute, model.active, model.layers, h, s)
     peak = cluster.peak_tflops * 1e12
     tp_all = m * layers_stage * tp_layer
     return StepTime(compute_s=compute, efficiency=eff, bubble=(pp - 1) / (v * m) if pp > 1 else 0.0,
                     tp_comm_s=tp_all, tp_exposed_s=m * layers_stage * tp_exposed_layer, pp_comm_s=pp_comm,
-                    a2a_s=m * moe_stage * a2a_layer,
+                    a2a_s=m * moe_stage * a2a_layer, cp_comm_s=m * layers_stage * cp_x.comm_s,
+                    cp_exposed_s=m * layers_stage * cp_x.ring_exposed_s,
                     dp_comm_s=dp_time, dp_exposed_s=dp_exposed, serial_s=serial_s, step_s=step,
-                    tokens_per_s_per_gpu=tokens / step / (tp * pp), mfu=model_flops / step / peak,
+                    tokens_per_s_per_gpu=tokens / step / (tp * pp * cp), mfu=model_flops / step / peak,
                     hfu=hw / step / peak)

@@ -70,7 +70,8 @@ def text_report(profile: Profile, findings: dict[int, list[dict]], show_info: bo
     Findings recorded for reference (verdict info) are counted, and listed with ``show_info``."""
     names = {c.number: c for c in CHAPTERS}
     lines = [f"{profile.project}: plan-only check, {profile.gpus} GPUs (tp={profile.training.tp}, "
-             f"pp={profile.training.pp}, dp={profile.dp})"]
+             f"pp={profile.training.pp}, dp={profile.dp}"
+             + (f", cp={profile.training.cp}" if profile.training.cp > 1 else "") + ")"]
     for n, fs in findings.items():
         c = names[n]
         judged = [f for f in fs if f["verdict"] != "info"]
