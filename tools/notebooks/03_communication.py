@@ -291,6 +291,15 @@ else:
 #   (ep−1)/ep` each (`preflight.models.moe`). Inside the NVLink domain they are cheap; across nodes they
 #   can outweigh the compute (DeepSeek-V3's layout: 17 s of all-to-alls beside 13 s of compute per step if
 #   nothing hid them, `docs/moe.md`), which is why DeepSeek limits each token to 4 nodes and overlaps them.
+# - **Context parallelism exchanges keys and values.** At long context each of `cp` GPUs holds `s/cp` tokens
+#   (its activations divide by cp); every layer its queries must meet all keys: a ring passes each GPU's K/V
+#   chunk on while attention of the previous chunk computes (`preflight.models.context`). A transfer grows as
+#   `s/cp`, a ring step's attention as `(s/cp)^2`, so the ring hides at long context and is exposed at short
+#   context with the same cp. The table below is your model and links at 8K-128K tokens (Llama 3 405B's
+#   128K stage used cp=16 and gathered K/V instead of a ring: `docs/context-parallelism.md`).
+
+# %%
+ch.table(C.cp_table(prof).round(3))
 
 # %%
 ch.table(pd.DataFrame([

@@ -95,21 +95,24 @@ def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
 
 def cp_exchange(profile: Profile, seq_len: int | None = None, cp: int | None = None):
     """The profile's context-parallel K/V exchange per layer (``preflight.models.context.exchange``) at its
-    micro-batch, tp and GPU, attention at the GEMM efficiency model's share of the bf16 peak."""
+    micro-batch, tp and GPU, attention at the GEMM efficiency model's share of the bf16 peak; None when the
+    GPU's peak is unknown (``gpu: auto``, or a chip without one)."""
     from preflight.core import hardware
     from preflight.models import context, throughput
 
     m, c, t = profile.model, profile.cluster, profile.training
     s, k = seq_len or m.seq_len, cp or t.cp
-    peak = hardware.peak_tflops(None if c.gpu == "auto" else c.gpu, "bf16") or 0.0
     gpu = None if c.gpu == "auto" else c.gpu
+    peak = hardware.peak_tflops(gpu, "bf16")
+    if not peak:
+        return None
     rate = peak * 1e12 * throughput.gemm_efficiency(gpu, m.hidden, t.micro_batch_size * s // k)
     link = throughput._neighbour_link(throughput.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node,
                                                          intra_node_GBps=c.intra_node_GBps,
                                                          inter_node_Gbps=c.inter_node_Gbps,
                                                          nics_per_node=profile.nics_per_node), t.tp * k)
     return context.exchange(t.micro_batch_size, s, m.hidden, m.n_heads, m.n_kv_heads, t.tp, k, *link,
-                            rate or 1.0, causal=m.attention == "flash")
+                            rate, causal=m.attention == "flash")
 
 
 def cp_table(profile: Profile, seq_lens=(8192, 32768, 131072), cps=(2, 4, 8, 16)) -> pd.DataFrame:
@@ -121,6 +124,8 @@ def cp_table(profile: Profile, seq_lens=(8192, 32768, 131072), cps=(2, 4, 8, 16)
             if s % (2 * k):
                 continue
             x = cp_exchange(profile, s, k)
+            if x is None:
+                return pd.DataFrame()
             rows.append({"seq_len": s, "cp": k, "tokens per GPU": s // k, "K/V chunk (MB)": x.chunk_bytes / 1e6,
                          "transfer (us)": x.step_s * 1e6, "attention step (us)": x.attn_step_s * 1e6,
                          "transfer / attention": x.ratio, "ring exposed (ms)": x.ring_exposed_s * 1e3,
@@ -132,6 +137,11 @@ def add_cp_finding(sink: FindingSink, profile: Profile) -> None:
     """``communication/cp_exchange``: does the context-parallel K/V ring hide behind attention?"""
     t, m = profile.training, profile.model
     x = cp_exchange(profile)
+    if x is None:
+        sink.add(id="communication/cp_exchange", value=None, unit="x", verdict="info", threshold="not judged",
+                 message=f"cp={t.cp}: the GPU's peak is unknown (cluster.gpu = {profile.cluster.gpu}), so attention's "
+                         "time per ring step is too.", fix="Name the GPU (cluster.gpu).", source=PROFILE_SOURCE)
+        return
     v, words = judge(x.ratio, warn=CP_RATIO_WARN, fail=CP_RATIO_FAIL, higher_is_better=False, fmt="{:.2g}")
     where = "NVLink" if t.tp * t.cp <= profile.cluster.gpus_per_node else "the NICs"
     sink.add(id="communication/cp_exchange", value=x.ratio, unit="x", verdict=v,
