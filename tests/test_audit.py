@@ -290,9 +290,14 @@ def test_measure_mode_audit_quick(tmp_path):
     # chapter 5: SIGKILL + resume bit for bit, async saves stall less, torchrun restarts the job
     assert CH5_IDS <= set(f)
     assert f["fault_tolerance/resume_bitwise"]["value"] == 1.0 and f["fault_tolerance/resume_bitwise"]["verdict"] == "pass"
-    # a ratio of medians of 3 rounds (0.63 once under load); that async saves stall less is asserted on
-    # paired rounds in test_ckptstall.test_async_stalls_less
-    assert 0 < f["fault_tolerance/async_stall_ratio"]["value"] < 1.5
+    # the verdict judges the total cost (stall + slower in-flight steps, which on 2 busy cores can exceed a
+    # synchronous save): the finding's number is the record's total ratio, its verdict that number's; that
+    # async saves stall less is asserted on paired rounds in test_ckptstall.test_async_stalls_less
+    rec = json.loads(next((out / "records").glob("ckptstall-*.json")).read_text())
+    stall = f["fault_tolerance/async_stall_ratio"]
+    total = rec["results"]["async_total_ratio"]
+    assert stall["value"] == pytest.approx(total) and "stall + slower in-flight steps" in stall["threshold"]
+    assert stall["verdict"] == ("pass" if total <= 0.5 else "warn" if total <= 1 else "fail")
     assert 0 < f["fault_tolerance/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "memory", "datapipe", "loadtune", "loadmon_overhead", "allreduce",

@@ -107,3 +107,20 @@ def test_tuner_chart_and_findings_share_one_verdict(findings):
     rows = _measured("loadtune").results["rows"]
     default = next(r for r in rows if r["num_workers"] == 0)
     assert C.loader_verdict(default) == findings["data_pipeline/headroom_default"].verdict
+
+
+def test_tuner_chart_colours_the_quantity_its_findings_judge(findings):
+    """The chart's bars: device idle coloured by the findings' verdict, the best marked; so the best row's
+    colour is data_pipeline/headroom's verdict and num_workers=0's is headroom_default's, whatever their
+    supply (a long supply bar can be a failing setting)."""
+    from preflight.reporting import charts
+
+    t = _measured("loadtune").results
+    rows = C.tuner_rows(t)
+    assert rows.loc[rows["best"], "verdict"].item() == findings["data_pipeline/headroom"].verdict
+    assert rows.loc[rows["num_workers"] == 0, "verdict"].iloc[0] == findings["data_pipeline/headroom_default"].verdict
+    spec = charts.loader_bars(rows, "setting", M.setting_label(t["best"])).to_dict()
+    idle_panel = spec["hconcat"][0]["layer"][0]
+    assert idle_panel["encoding"]["x"]["field"] == "idle_share" and idle_panel["encoding"]["color"]["field"] == "verdict"
+    best = min(r["idle_share"] for r in t["rows"])
+    assert t["best"]["idle_share"] <= best + M.BEST_TOLERANCE

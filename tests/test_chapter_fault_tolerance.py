@@ -154,3 +154,31 @@ def test_queue_wait_after_requeues_is_waste():
     base = F.plan(parse_profile(example_with()))
     queued = F.plan(parse_profile(example_with(cluster__queue_wait_s=7200, cluster__walltime_h=24)))
     assert queued["waste_plan"] > base["waste_plan"] + 0.05 and queued["R"] == base["R"] + 7200
+
+
+def _stall_record(async_stall, async_hidden, sync_stall):
+    rows = [{"method": "sync ckpt.save", "stall_s": sync_stall, "durable_s": sync_stall, "hidden_cost_s": 0.0,
+             "total_cost_s": sync_stall},
+            {"method": "async two-stage", "stall_s": async_stall, "durable_s": 1.0, "hidden_cost_s": async_hidden,
+             "total_cost_s": async_stall + async_hidden, "inflight_slowdown": 1.4}]
+    return {"rows": rows, "async_stall_ratio": async_stall / sync_stall, "config": {"state_MB": 20}}
+
+
+@pytest.mark.parametrize("async_stall, hidden, sync, verdict", [
+    (0.10, 0.47, 0.305, "fail"),     # the walk-through's case: less stall, more lost in slower steps
+    (0.10, 0.02, 0.305, "pass"),
+])
+def test_async_save_verdict_agrees_with_its_chart(async_stall, hidden, sync, verdict):
+    """The chapter's chart stacks stall and slower steps per method; the verdict judges that total."""
+    r = _stall_record(async_stall, hidden, sync)
+    chart = C.stall_chart_data(r).groupby("method")["ms"].sum()
+    f = C._stall_finding(r)
+    assert f["value"] == pytest.approx(chart["async two-stage"] / chart["sync ckpt.save"])
+    assert f["verdict"] == verdict
+    assert (f["value"] > 1) == (chart["async two-stage"] > chart["sync ckpt.save"])
+    # an old record without the hidden cost: the stall alone, said so in the threshold
+    old = {"rows": [{k: v for k, v in x.items() if k not in ("total_cost_s",)} for x in r["rows"]],
+           "async_stall_ratio": r["async_stall_ratio"], "config": {}}
+    for x in old["rows"]:
+        x.pop("hidden_cost_s")
+    assert C._stall_finding(old)["threshold"].startswith("async stall / sync stall")

@@ -252,7 +252,7 @@ def test_a_number_decides_only_if_its_threshold_judges_it():
     assert guidance.deciding([interval, words, waste])["id"] == "ft/expected_waste"
 
 
-def test_fixes_are_ranked_by_verdict_then_by_how_far_the_number_is_from_passing():
+def test_fixes_are_ranked_by_verdict_then_consequence_then_by_how_far_the_number_is_from_passing():
     amdahl = _f("b/amdahl", 9.89, "fail", "pass >= 2048x, fail < 1024x", "serial first", unit="x")     # 207x
     listing = _f("d/listing", 5000, "fail", "pass <= 60 s, fail > 600 s", "shards", unit="s")          # 83x
     padding = _f("l/padding", 0.684, "fail", "pass <= 10%, fail > 30%", "bucketing")                   # 6.8x
@@ -261,7 +261,13 @@ def test_fixes_are_ranked_by_verdict_then_by_how_far_the_number_is_from_passing(
     ok = _f("f/waste", 0.006, "pass", "pass <= 5%, fail > 15%", "faster checkpoints")
     assert guidance.shortfall(amdahl) == pytest.approx(2048 / 9.89) and guidance.shortfall(padding) == pytest.approx(6.84)
     top = guidance.top_fixes([ok, warn, padding, listing, twin, amdahl])
-    assert [f["id"] for f in top] == ["b/amdahl", "d/listing", "l/padding"]
+    # time lost (seconds per start, a share of each step) before a factor missed, however far the factor;
+    # one per fix text (the twin's efficiency, 16x short, stands for Amdahl's)
+    assert [f["id"] for f in top] == ["d/listing", "b/amdahl_at_target", "l/padding"]
+    assert [f["id"] for f in guidance.top_fixes([padding, amdahl])] == ["l/padding", "b/amdahl"]
+    # a plan that cannot start comes first, though it misses its bound by the least (1.88x)
+    oom = _f("baseline/memory_fits", 1.88, "fail", "pass <= 90%, fail > 100%", "ZeRO-1", unit="ratio")
+    assert [f["id"] for f in guidance.top_fixes([padding, listing, amdahl, oom])][0] == "baseline/memory_fits"
     assert [f["id"] for f in guidance.top_fixes([ok, warn, padding], n=3)] == ["l/padding", "c/ratio"]
     assert guidance.top_fixes([ok]) == []
     assert guidance.overall(["fail", "fail", "warn", "pass", "fail"]) == "3 of 5 chapters fail; 1 of 5 warns"
@@ -269,7 +275,7 @@ def test_fixes_are_ranked_by_verdict_then_by_how_far_the_number_is_from_passing(
     assert guidance.overall(["pass"] * 5) == "All 5 chapters pass"
     assert guidance.overall(["error", "pass"]).startswith("1 of 2 chapter could not run")
     first, rest = guidance.grouped([ok, padding, warn, amdahl])
-    assert [f["id"] for f in first] == ["b/amdahl", "l/padding", "c/ratio"] and rest == [ok]
+    assert [f["id"] for f in first] == ["l/padding", "b/amdahl", "c/ratio"] and rest == [ok]
     assert guidance.grouped([ok]) == ([ok], [])
 
 

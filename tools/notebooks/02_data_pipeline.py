@@ -183,17 +183,17 @@ tune = ch.measurement(loadtune.TUNE, lambda: loadtune.measure_tune(
 if tune:
     t = tune.results
     print(f"{tune.source}; consumer: {t['consumer']}")
-    rows = pd.DataFrame(t["rows"])
-    rows["setting"] = [M.setting_label(x) for x in t["rows"]]
-    rows["verdict"] = [C.loader_verdict(x) for x in t["rows"]]     # supply 1.2x and device idle, as the findings
+    rows = C.tuner_rows(t)                  # the verdict on supply 1.2x and device idle, as the findings
     ch.table(pd.DataFrame({"setting": rows["setting"], "supply (samples/s)": rows["supply_samples_per_s"],
                            "headroom": rows["headroom"], "device idle": rows["idle_share"].map("{:.1%}".format),
                            "verdict": rows["verdict"],
                            "median wait (ms)": rows["wait_median_ms"], "p90 wait (ms)": rows["wait_p90_ms"],
                            "queue depth (median)": rows["queue_depth_median"]}))
-    ch.show("tuner", charts.headroom_bars(rows, "setting", title="Loader settings: supply / consumption "
-                                                                 "(colour: verdict on supply and device idle)"))
-    print("best:", M.setting_label(t["best"]), f"- device idle {t['best']['idle_share']:.1%}")
+    ch.show("tuner", charts.loader_bars(rows, "setting", M.setting_label(t["best"]),
+                                        title="Loader settings: device idle (colour: the verdict on supply and idle) "
+                                              "and supply / consumption"))
+    print("best:", M.setting_label(t["best"]), f"- device idle {t['best']['idle_share']:.1%}, the cheapest setting "
+          "within 1 point of the lowest idle share (more supply than that buys nothing the device sees)")
 
 # %% [markdown]
 # ## 5. Instrumentation to keep

@@ -225,14 +225,8 @@ else:
                                                                              quick=ch.quick))
 if stall:
     print(stall.source)
-    st = pd.DataFrame(stall.results["rows"])
-    hidden = st["hidden_cost_s"].fillna(0) if "hidden_cost_s" in st else 0.0
-    ch.table(pd.DataFrame({"method": st["method"], "training stall (ms)": (st["stall_s"] * 1e3).round(1),
-                           "durable after (ms)": (st["durable_s"] * 1e3).round(0),
-                           "hidden cost (ms)": (hidden * 1e3).round(0),
-                           "total cost (ms)": ((st["stall_s"] + hidden) * 1e3).round(0)}))
-    cost = pd.concat([pd.DataFrame({"method": st["method"], "part": "stall", "ms": st["stall_s"] * 1e3}),
-                      pd.DataFrame({"method": st["method"], "part": "slower steps while writing", "ms": hidden * 1e3})])
+    ch.table(C.stall_table(stall.results).round(1))
+    cost = C.stall_chart_data(stall.results)
     ch.show("checkpoint_stall", charts.stacked_bars(cost, "ms", "method", "part",
                                                     title="Training time lost per checkpoint (ms)"))
     ch.note("The **stall** is what the training loop waits for; the **hidden cost** is how much slower the steps "

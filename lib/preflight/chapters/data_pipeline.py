@@ -101,6 +101,16 @@ def loader_verdict(row: dict) -> str:
     return worst([vh, vi])
 
 
+def tuner_rows(results: dict) -> pd.DataFrame:
+    """The tuner's settings (a ``loadtune`` record's results) with their label and the verdict the findings
+    give each (:func:`loader_verdict`): the table and the chart of chapter 2 read this one frame."""
+    rows = pd.DataFrame(results["rows"])
+    rows["setting"] = [M.setting_label(x) for x in results["rows"]]
+    rows["verdict"] = [loader_verdict(x) for x in results["rows"]]
+    rows["best"] = rows["setting"] == M.setting_label(results["best"])
+    return rows
+
+
 def _headroom_finding(sink, fid, row: dict, label: str, source: str) -> None:
     inproc = (" With num_workers=0 the loader runs inside the training loop: however fast it is, its "
               "supply never overlaps with the step." if row["num_workers"] == 0 else "")

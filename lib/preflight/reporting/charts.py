@@ -189,6 +189,33 @@ def headroom_bars(df: pd.DataFrame, label: str, value: str = "headroom", rule: f
     return alt.layer(bars_, text, line).properties(width=360, height=26 * max(2, len(df)), title=title)
 
 
+def loader_bars(df: pd.DataFrame, label: str, best: str, rule: float = 1.2, title: str = "") -> alt.HConcatChart:
+    """The loader tuner, one row per setting: the device idle share (the bar the verdict colours, shorter
+    is better; "best" is the cheapest setting within a point of the lowest) beside supply / consumption
+    (grey, log axis, the ``rule`` dashed red). Colour and length then speak of the same quantity."""
+    import math
+
+    d = df.assign(_row=[f"{x}  (best)" if x == best else x for x in df[label]])
+    y = alt.Y("_row:N", title=None, sort=None, axis=alt.Axis(labelLimit=420))
+    verdict = alt.Color("verdict:N", scale=alt.Scale(domain=["pass", "warn", "fail"],
+                                                     range=["#2e7d32", "#f9a825", "#c62828"]), title="verdict")
+    idle = alt.Chart(d).mark_bar().encode(y=y, x=alt.X("idle_share:Q", title="device idle (share of the loop)",
+                                                       axis=alt.Axis(format="%")), color=verdict)
+    idle_text = alt.Chart(d).mark_text(align="left", dx=3).encode(y=y, x="idle_share:Q",
+                                                                  text=alt.Text("idle_share:Q", format=".1%"))
+    low = min(float(d["headroom"].min()), rule)
+    d2 = d.assign(_base=10 ** math.floor(math.log10(low / 2)))
+    x = alt.X("headroom:Q", scale=alt.Scale(type="log"), title="supply / consumption (log)")
+    supply = alt.Chart(d2).mark_bar(color="#9e9e9e").encode(y=alt.Y("_row:N", sort=None, axis=None), x=x, x2="_base:Q")
+    supply_text = alt.Chart(d2).mark_text(align="left", dx=3).encode(y=alt.Y("_row:N", sort=None, axis=None), x=x,
+                                                                     text=alt.Text("headroom:Q", format=".3g"))
+    line = alt.Chart(pd.DataFrame({"headroom": [rule]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(
+        x=alt.X("headroom:Q"))
+    h = 26 * max(2, len(d))
+    return alt.hconcat(alt.layer(idle, idle_text).properties(width=220, height=h),
+                       alt.layer(supply, supply_text, line).properties(width=220, height=h)).properties(title=title)
+
+
 def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
     """Per-step data wait (ms) and prefetch queue depth of loader runs (column ``run``)."""
     legend = alt.Legend(orient="bottom", labelLimit=500, direction="vertical")

@@ -11,7 +11,10 @@ Two rules, both from the findings' own data (``verdict``, ``value``, ``threshold
    "pass <= 5%") does. Thresholds with two conditions, or in words only
    ("pass = bitwise equal"), are not read: their number does not decide.
 
-2. **What a fix buys** is ranked by the verdict first (fail, then warn), then by how many times the
+2. **What a fix buys** is ranked by the verdict first (fail, then warn), then by its **consequence**
+   (:data:`CONSEQUENCE`): a plan that cannot start or finish (out of memory at the first step, a
+   checkpoint interval longer than the walltime) before time lost on every step, before a factor
+   missed (a speedup, a ratio); then by how many times the
    deciding number misses its pass bound: ``value / bound`` when lower is better, ``bound / value``
    when higher is better. That factor is what the fix has to move the number by: Amdahl's 9.89x
    against "pass >= 2048x" is 207 times short; padding waste of 68.4 % against "pass <= 10%" is 6.8
@@ -24,6 +27,21 @@ import re
 from dataclasses import dataclass
 
 from preflight.core.findings import VERDICT_RANK
+
+# Consequence classes, largest first: 3 the run cannot start or cannot finish; 2 time lost (a share of
+# each step, seconds per start, GPU-hours); 1 a factor missed. Findings not named here: 2 when their unit
+# is a fraction or seconds, else 1.
+CANNOT_START = {"baseline/memory_fits": "out of memory at the first step",
+                "fault_tolerance/walltime_fit": "no checkpoint before the walltime ends the job"}
+CONSEQUENCE_WORDS = {3: "cannot start or finish", 2: "time lost", 1: "a factor missed"}
+
+
+def consequence(finding: dict) -> int:
+    """3 (cannot start or finish), 2 (time lost) or 1 (a factor missed): see :data:`CANNOT_START`."""
+    if finding["id"] in CANNOT_START:
+        return 3
+    return 2 if finding.get("unit") in ("fraction", "s", "bytes") else 1
+
 
 _BOUND = re.compile(r"\b(pass|fail)\s*(<=|>=|<|>)\s*([+-]?\d[\d,]*(?:\.\d+)?)\s*(%?)")
 
@@ -75,9 +93,11 @@ def shortfall(finding: dict) -> float | None:
 
 
 def rank_key(finding: dict) -> tuple:
-    """Sort key, largest first: verdict, then a deciding number, then its shortfall, then any number."""
+    """Sort key, largest first: verdict, consequence, then a deciding number, its shortfall, any number."""
     s = shortfall(finding)
-    return (VERDICT_RANK[finding["verdict"]], decides(finding), s if s is not None else 0.0,
+    judged = VERDICT_RANK[finding["verdict"]] >= VERDICT_RANK["warn"]      # among passes: the closest to failing
+    return (VERDICT_RANK[finding["verdict"]], consequence(finding) if judged else 0, decides(finding),
+            s if s is not None else 0.0,
             finding.get("value") is not None)
 
 

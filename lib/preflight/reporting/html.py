@@ -17,7 +17,7 @@ table{border-collapse:collapse;margin:1em 0;width:100%;font-size:.92em}
 th,td{border:1px solid #d5d9e0;padding:.35em .55em;text-align:left;vertical-align:top}
 th{background:#f1f3f6} td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 table.facts{width:auto} table.facts th{font-weight:600;white-space:nowrap} table.facts td{overflow-wrap:anywhere}
-table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20%} .src{color:#555;font-size:.88em}
+table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20%} .src{color:#555;font-size:.88em} .fid{color:#666;font-size:.82em}
 .v{white-space:nowrap;font-weight:700;text-transform:uppercase;font-size:.82em;padding:.1em .45em;border-radius:3px;color:#fff}
 .v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-info{background:#546e7a}
 .v-error{background:#6a1b9a}.ch-improved{color:#2e7d32;font-weight:700}.ch-worse{color:#c62828;font-weight:700}
@@ -51,6 +51,13 @@ def esc(x) -> str:
 def fid(finding_id: str) -> str:
     """A finding id in ``<code>``, breakable after '/' and '_' so narrow (printed) tables wrap it."""
     return "<code>" + esc(finding_id).replace("/", "/<wbr>").replace("_", "_<wbr>") + "</code>"
+
+
+def named(finding_id: str) -> str:
+    """A finding as a reader names it: its title in words, its id small below (``reporting.titles``)."""
+    from preflight.reporting.titles import title
+
+    return f"{esc(title(finding_id))}<br><span class='fid'>{fid(finding_id)}</span>"
 
 
 def verdict_badge(v: str) -> str:

@@ -21,13 +21,14 @@ from preflight.reporting.html import (
     chapter_verdict,
     esc,
     facts_table,
-    fid,
+    named,
     page,
     scoped_svg,
     table,
     verdict_badge,
 )
 from preflight.reporting.tables import prose, short_paths
+from preflight.reporting.titles import title
 
 # The title above each chart of the report (charts/<chapter>--<key>.svg, written by the notebooks): what
 # the chart shows, in words. A key not listed here is shown as its words ("memory_terms": "Memory terms").
@@ -80,7 +81,7 @@ def _counts(findings: list[dict]) -> str:
 def findings_table(findings: list[dict]) -> str:
     """Findings as five columns: the finding, its value in its unit, the verdict, the threshold, and
     what it means with the fix and (file names only) where the number comes from."""
-    rows = [(f["id"], f"<td>{fid(f['id'])}</td><td class='num'>{esc(fmt_finding(f))}</td>"
+    rows = [(f["id"], f"<td>{named(f['id'])}</td><td class='num'>{esc(fmt_finding(f))}</td>"
              f"<td>{verdict_badge(f['verdict'])}</td><td>{esc(f['threshold'])}</td>"
              f"<td>{prose(f['message'])}<br><b>Fix:</b> {prose(f['fix'])}"
              f"<br><span class='src'>Source: {esc(short_paths(f['source']))}</span></td>") for f in findings]
@@ -136,11 +137,13 @@ def guidance_html(summary: dict) -> str:
     for f in fixes:
         s = guidance.shortfall(f)
         far = f"; {num(s)} times from its pass bound" if s is not None else ""
-        items.append(f"<li><b>{prose(f['fix'])}</b><br><span class='meta'>chapter {f['chapter']}, "
-                     f"<a href='#{esc(f['id'])}'>{esc(f['id'])}</a>: {esc(fmt_finding(f))} "
+        why = guidance.CANNOT_START.get(f["id"]) or guidance.CONSEQUENCE_WORDS[guidance.consequence(f)]
+        items.append(f"<li><b>{prose(f['fix'])}</b><br><span class='meta'>{esc(why)} · chapter {f['chapter']}, "
+                     f"<a href='#{esc(f['id'])}'>{esc(title(f['id']))}</a>: {esc(fmt_finding(f))} "
                      f"({esc(f['threshold'])}){far}</span></li>")
-    how = ("Ranked by verdict (fail before warn), then by how many times the number misses its pass bound: "
-           "the factor the fix has to move it by.")
+    how = ("Ranked by verdict (fail before warn), then by consequence (a plan that cannot start or finish, then "
+           "time lost, then a factor missed), then by how many times the number misses its pass bound: the "
+           "factor the fix has to move it by.")
     return (f"<section class='guidance'><p class='overall'>{esc(line)}; fix these first:</p>"
             f"<ol class='fixes'>{''.join(items)}</ol><p class='meta'>{how}</p></section>")
 
@@ -176,7 +179,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
         rows.append(
             f"<td><a href='{esc(chapter_page(c))}'>{esc(chapter_title(c))}</a>"
             f"<br><span class='meta'>{pitfall}{esc(_counts(found))}</span></td>"
-            f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{fid(d['id']) if d else ''}</td>"
+            f"<td>{verdict_badge(chapter_verdict(c))}</td><td>{named(d['id']) if d else ''}</td>"
             f"<td class='num'>{esc(fmt_finding(d)) if d else ''}</td>"
             f"<td>{esc(d['threshold']) if d else ''}</td><td>{_fix_cell(c, d)}</td>")
         err = f"<p><b>Error:</b> <code>{esc(c['error'])}</code></p>" if c["error"] else ""

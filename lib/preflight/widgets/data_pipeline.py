@@ -44,6 +44,7 @@ def supply_explorer(supply: float, consume: float, measured_idle: float | None =
     from preflight.core.findings import judge
     from preflight.models import data as M
 
+    supply0, consume0 = supply, consume
     hi = max(supply, consume) * 10
     controls = {"supply": _log_slider(supply, hi / 1e4, hi, "supply (samples/s)"),
                 "consume": _log_slider(consume, hi / 1e4, hi, "consumption (samples/s)")}
@@ -51,12 +52,22 @@ def supply_explorer(supply: float, consume: float, measured_idle: float | None =
     def compute(supply, consume):
         import pandas as pd
 
+        from preflight.chapters.data_pipeline import IDLE_FAIL, IDLE_WARN
+        from preflight.core.findings import worst
+
         h = M.headroom(supply, consume)
+        supply_v = judge(h, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL)[0]
+        at_start = measured_idle is not None and abs(supply - supply0) <= 1e-9 * supply0 and \
+            abs(consume - consume0) <= 1e-9 * consume0
+        extra = {}
+        if measured_idle is not None:
+            extra["measured_idle"] = ("measured idle at the starting point (jitter, transfer)", f"{measured_idle:.1%}")
+            idle_v = judge(measured_idle, warn=IDLE_WARN, fail=IDLE_FAIL, higher_is_better=False)[0]
+            extra["chapter"] = ("the chapter's verdict (supply and measured idle)",
+                                worst([supply_v, idle_v]) if at_start else "at the starting point only")
         text = readout({"headroom": ("headroom supply/consumption", f"{h:.2f}x"),
                         "idle": ("device idle (steady state, lower bound)", f"{M.idle_share(supply, consume):.1%}"),
-                        "verdict": ("1.2x rule", judge(h, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL)[0]),
-                        **({"measured_idle": ("measured idle at the starting point (jitter, transfer)",
-                                              f"{measured_idle:.1%}")} if measured_idle is not None else {})})
+                        "verdict": ("1.2x supply rule alone", supply_v), **extra})
         ratios = [10 ** (k / 20) for k in range(-20, 21)]
         df = pd.DataFrame([{"supply / consumption": r, "device idle": M.idle_share(r, 1.0), "curve": "idle share"}
                            for r in ratios])
