@@ -17,7 +17,8 @@ table{border-collapse:collapse;margin:1em 0;width:100%;font-size:.92em}
 th,td{border:1px solid #d5d9e0;padding:.35em .55em;text-align:left;vertical-align:top}
 th{background:#f1f3f6} td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 table.facts{width:auto} table.facts th{font-weight:600;white-space:nowrap} table.facts td{overflow-wrap:anywhere}
-table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20%} .src{color:#555;font-size:.88em} .fid{color:#666;font-size:.82em}
+table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20%} .src{color:#555;font-size:.88em}
+.fid{color:#666;font-size:.82em}
 .v{white-space:nowrap;font-weight:700;text-transform:uppercase;font-size:.82em;padding:.1em .45em;border-radius:3px;color:#fff}
 .v-pass{background:#2e7d32}.v-warn{background:#ef6c00}.v-fail{background:#c62828}.v-info{background:#546e7a}
 .v-error{background:#6a1b9a}.ch-improved{color:#2e7d32;font-weight:700}.ch-worse{color:#c62828;font-weight:700}
