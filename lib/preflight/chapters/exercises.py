@@ -52,8 +52,8 @@ def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str,
             lambda: sum(b for _, b, _ in rows) / GiB,
             f"{t.framework}: {per_param[0]} bytes of weights + {per_param[1]} of gradients ({t.grad_dtype}) + "
             f"{per_param[2]} of optimizer state per parameter ({sum(per_param)} in all); ZeRO-{stage} divides the "
-            f"{' and '.join(sharded)} by {shard}: " + " + ".join(f"{b / profile.model.params:.3g}" for _, b, _ in rows) + " bytes per "
-            "parameter (preflight.models.states).", rel_tol=0.15),
+            f"{' and '.join(sharded)} by {shard}: " + " + ".join(f"{b / profile.model.params:.3g}" for _, b, _ in rows)
+            + " bytes per parameter (preflight.models.states).", rel_tol=0.15),
     }
     if fusion_speedup:
         ex["fusion"] = fusion(fusion_speedup)
