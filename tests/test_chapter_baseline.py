@@ -177,3 +177,28 @@ def test_messages_restate_speedups_as_the_value_column_shows_them():
                 "baseline/gustafson_speedup_at_target"):
         f = by_id[fid]
         assert fmt_value(f.value, f.unit) in f.message, (fid, f.value, f.message)
+
+
+@pytest.mark.parametrize("scaling", ["weak", "strong"])
+def test_the_amdahl_chart_shows_the_numbers_its_findings_judge(scaling):
+    """Chapter 1's chart is drawn from the profile's step (the sliders start there too): at the target N
+    its Amdahl and Gustafson lines are the findings' values, and the judged one follows training.scaling."""
+    from preflight.reporting import charts
+
+    d = load_profile(EXAMPLE).model_dump()
+    d["training"]["scaling"] = scaling
+    p = parse_profile(d)
+    sink = FindingSink()
+    B.add_plan_findings(sink, p, B.plan_curve(p))
+    f = _ids(sink)
+    ts, tc = B.serial_parallel(p)
+    spec = charts.amdahl_chart(ts, tc, n_max=max(1024, p.gpus), n_mark=p.gpus).to_dict()
+    rows = next(v for v in spec["datasets"].values() if v and "model" in v[0])
+    at = {r["model"]: r["speedup"] for r in rows if r["N"] == p.gpus}
+    assert at[charts.SPEEDUP_LABELS["amdahl_speedup"]] == pytest.approx(f["baseline/amdahl_speedup_at_target"].value)
+    if scaling == "weak":       # under strong scaling the info finding takes Gustafson's s at N (the chart's at 1)
+        assert at[charts.SPEEDUP_LABELS["gustafson_speedup"]] == pytest.approx(
+            f["baseline/gustafson_speedup_at_target"].value)
+    judged, ref = (("gustafson", "amdahl") if scaling == "weak" else ("amdahl", "gustafson"))
+    assert f[f"baseline/{judged}_speedup_at_target"].verdict != "info"
+    assert f[f"baseline/{ref}_speedup_at_target"].verdict == "info"

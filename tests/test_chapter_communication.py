@@ -29,8 +29,9 @@ def test_plan_findings_of_the_field_case():
     C.add_topology_finding(sink, load_profile(EXAMPLE))
     f = {x.id: x for x in sink.findings}
     assert f["communication/comm_compute_ratio"].verdict == "pass"
-    assert f["communication/efficiency_no_overlap"].verdict == "warn"           # 75 %
-    assert f["communication/efficiency_full_overlap"].verdict == "pass"
+    # the bounds (75 %, 100 %) are for reference: chapter 1 judges the estimate between them, once
+    assert f["communication/efficiency_no_overlap"].verdict == "info" and f["communication/efficiency_no_overlap"].value < 0.8
+    assert f["communication/efficiency_full_overlap"].verdict == "info"
     assert f["communication/allreduce_bytes_per_rank"].value == pytest.approx(2 * 7e9 * 1023 / 1024 * 4)
     assert f["communication/allreduce_s"].value == pytest.approx(C.plan(load_profile(EXAMPLE))["time_s"])
     assert f["communication/topology"].verdict == "pass"
@@ -46,7 +47,7 @@ def test_one_nic_per_node_fails_as_the_field_report_says():
     f = {x.id: x for x in sink.findings}
     assert p["time_s"] == pytest.approx(p["flat_s"]) and f"{p['time_s']:.3g}" == "2.26"
     assert f["communication/comm_compute_ratio"].verdict == "fail"
-    assert f["communication/efficiency_no_overlap"].verdict == "fail"
+    assert f["communication/efficiency_no_overlap"].verdict == "info"
 
 
 def test_accumulation_shrinks_what_overlap_can_hide():

@@ -222,7 +222,7 @@ else:
 #
 # Both laws are one algebra: Amdahl's s is measured on one GPU, Gustafson's on N. `training.scaling`
 # (weak by default) says which one describes the plan; that one carries the verdict, the other is shown
-# as what the other policy would give.
+# as what the other policy would give: under weak scaling Amdahl's ceiling below is for reference (info).
 #
 # **Is the plan possible at all?** `baseline/implied_mfu` divides the FLOPs of one GPU's step
 # ((6N + 12·L·h·s) × tokens / (tp·pp)) by its compute time and the chip's dense peak: over 100 % the
@@ -231,11 +231,16 @@ else:
 # Field case: a team tuned communication for weeks to lift efficiency from 60 % to 75 %; the real serial
 # point was a full validation pass at each epoch end (8 % of the time). Find the serial points first.
 #
-# The profile's numbers are audited below; the sliders start from this machine's measured step
-# (forward + backward parallel; data wait, optimizer step and the rest serial) when there is one.
+# The profile's numbers are audited below; the chart and the sliders start from the profile's step (this
+# machine's measured step, forward + backward parallel, the rest serial, is printed beside it).
 
 # %%
 ts, tc = B.serial_parallel(prof)
+law = ("Gustafson's (weak scaling: baseline/gustafson_speedup_at_target); Amdahl's ceiling is what a fixed "
+       "global batch would give" if prof.training.scaling == "weak" else
+       "Amdahl's (strong scaling: baseline/amdahl_speedup_at_target)")
+print(f"The profile's step: serial {ts:.3g} s, parallel {tc:.3g} s, Amdahl ceiling {scaling.amdahl_ceiling(ts, tc):.3g}x. "
+      f"The verdict is {law}.")
 ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus, source="the profile's step"))
 from preflight.bench import scaling as bench_scaling
 
@@ -248,10 +253,9 @@ curve = B.plan_curve(prof, curve_measured)
 B.add_plan_findings(ch.findings, prof, curve, ch.gpu_key)
 if base:
     ts_m, tc_m = B.measured_serial_parallel(base.results["composition"])
-    print(f"The chart is the profile's step (ceiling {scaling.amdahl_ceiling(ts, tc):.3g}x; it carries the verdict). "
-          f"This machine's measured step, where the sliders below start: serial {ts_m * 1e3:.1f} ms, parallel "
-          f"{tc_m * 1e3:.1f} ms (serial share {scaling.serial_fraction(ts_m, tc_m):.1%}, ceiling "
-          f"{scaling.amdahl_ceiling(ts_m, tc_m):.3g}x): a different model on a different device, so a different ceiling.")
+    print(f"This machine's measured step: serial {ts_m * 1e3:.1f} ms, parallel {tc_m * 1e3:.1f} ms (serial share "
+          f"{scaling.serial_fraction(ts_m, tc_m):.1%}, Amdahl ceiling {scaling.amdahl_ceiling(ts_m, tc_m):.3g}x): a "
+          "different model on a different device, so a different ceiling. Type it into the sliders to compare.")
 else:
     ts_m, tc_m = ts, tc
 
@@ -260,7 +264,7 @@ if interactive:
     from IPython.display import display
 
     from preflight.widgets import amdahl_explorer
-    display(amdahl_explorer(ts_m, tc_m, prof.gpus, source="this machine's measured step" if base else "the profile's step"))
+    display(amdahl_explorer(ts, tc, prof.gpus, source="the profile's step (the chart's and the findings')"))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 

@@ -36,9 +36,9 @@ CHART_HEADINGS = {
     "step_composition": "Where one training step's time goes",
     "op_categories": "Operator categories (profiler self time)",
     "fusion": "Eager vs torch.compile step time",
-    "amdahl": "Amdahl and Gustafson speedup over the number of GPUs",
-    "scaling_curve": "Scaling efficiency per stage, against the stop rule",
     "memory_terms": "Memory per GPU of the plan, against the GPU's memory",
+    "scaling_curve": "Scaling efficiency per stage, against the stop rule",
+    "amdahl": "Amdahl and Gustafson speedup over the number of GPUs",
     "read_rate": "Reading the same samples: small files vs shards",
     "break_points": "Supply against consumption, per pipeline stage",
     "tuner": "Data loader settings tried",
@@ -119,7 +119,9 @@ def chapter_charts(out_dir: Path, chapter: str) -> str:
     """The chapter's key charts (``charts/<chapter>--<key>.svg``, written by the notebook), each a
     figure with its title above it."""
     figs = []
-    for svg in sorted((out_dir / "charts").glob(f"{chapter}--*.svg")):
+    order = list(CHART_HEADINGS)      # the order the table lists them in: the chapter's story, not the alphabet
+    rank = (lambda p: (order.index(k) if (k := p.stem.split("--", 1)[1]) in order else len(order), p.name))
+    for svg in sorted((out_dir / "charts").glob(f"{chapter}--*.svg"), key=rank):
         key = svg.stem.split("--", 1)[1]
         figs.append(f"<figure id='{esc(svg.stem)}'><figcaption>{esc(chart_heading(key))}</figcaption>"
                     f"{scaled_svg(scoped_svg(svg.read_text(), svg.stem))}</figure>")
