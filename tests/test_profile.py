@@ -174,3 +174,16 @@ def test_memory_plan_field_defaults():
         "params": 7e9, "layers": 32, "hidden": 4096, "seq_len": 4096}}).training
     assert (m.attention, m.mlp, m.ffn_hidden, m.n_kv_heads, m.dropout) == ("flash", "gelu", None, 32, 0.1)
     assert (t.framework, t.shard_group) == ("deepspeed", "dp")
+
+
+def test_every_problem_is_said_at_once_fields_and_rules_across_them():
+    """A bad field stops pydantic before the rules across fields; the message still names both."""
+    d = yaml.safe_load(EXAMPLE.read_text())
+    d["data"]["storage"], d["training"]["tp"] = "weka", 3
+    with pytest.raises(ProfileError) as e:
+        parse_profile(d, "p.yaml")
+    msg = str(e.value)
+    assert "data.storage = 'weka'" in msg and "training.tp * training.pp * training.cp = 3 must divide" in msg
+    # in a notebook IPython shows this instead of a traceback through the library
+    shown = e.value._render_traceback_()
+    assert shown[0] == "invalid profile p.yaml:" and "python -m preflight validate PROFILE" in shown[-1]

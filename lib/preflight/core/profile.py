@@ -21,7 +21,15 @@ from preflight.models.states import STAGES
 
 
 class ProfileError(ValueError):
-    """A profile that cannot be used; ``str()`` is the message for the user."""
+    """A profile that cannot be used; ``str()`` is the message for the user.
+
+    In a notebook IPython shows ``_render_traceback_`` instead of a traceback through the library: the
+    message, every problem at once, and how to check a profile from a terminal."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [*str(self).splitlines(), "",
+                "Check a profile from a terminal: python -m preflight validate PROFILE (paths are relative to "
+                "the folder the notebook runs in: playbook/ for the chapter notebooks)."]
 
 
 _SHORT = reprlib.Repr()
@@ -413,7 +421,33 @@ def parse_profile(data: object, source: str = "<data>") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        raise ProfileError(_format(err, source)) from None
+        raise ProfileError(_format(err, source) + _rules_beyond(data, err)) from None
+
+
+def _rules_beyond(data: dict, err: ValidationError) -> str:
+    """The rules across fields (``_plan_fits``) that pydantic does not reach while a field is invalid: the
+    profile again with the invalid fields left at their defaults, so that every problem is said at once
+    (``storage: weka`` and ``tp: 3`` in one message, not one per attempt). '' when none is broken."""
+    import copy
+
+    trial = copy.deepcopy(data)
+    for e in err.errors():
+        if not e["loc"]:
+            return ""                   # already a rule across fields: nothing more to learn
+        node = trial
+        for part in e["loc"][:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and e["loc"][-1] in node:
+            del node[e["loc"][-1]]
+        elif e["type"] == "missing" or not isinstance(node, dict):
+            return ""                   # a required field or a broken section: no defaults to stand in
+    try:
+        Profile.model_validate(trial)
+    except ValidationError as again:
+        rules = [e["msg"].removeprefix("Value error, ") for e in again.errors() if not e["loc"]]
+        if rules and len(rules) == len(again.errors()):
+            return "".join(f"\n  {r} (checked with the fields above at their defaults)" for r in rules)
+    return ""
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -449,7 +483,8 @@ def load_profile(path: str | Path) -> Profile:
         if p.is_dir():
             raise ProfileError(f"profile {p} is a folder; expected a YAML file")
         if not p.exists():
-            raise ProfileError(f"profile file not found: {p}")
+            raise ProfileError(f"profile file not found: {p} (looked for {p.resolve()}; a relative path starts "
+                               "in the current folder)")
         raw = p.read_bytes()
     except OSError as err:
         raise ProfileError(f"profile {p} cannot be read: {err.strerror or err}") from None
