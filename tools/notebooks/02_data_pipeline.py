@@ -308,5 +308,5 @@ ch.next_steps()
 # measured per-worker rate (1.2x the consumption) and prefetch 4–8; on a GPU, pinned memory with
 # `non_blocking=True`.
 #
-# **Next chapter:** [Chapter 3: communication vs computation →](03_communication.ipynb).
+# **Next chapter** (the playbook's order, 1 → 3 → 2 → 4 → 5): [Chapter 4: load balance →](04_load_balance.ipynb).
 # All chapters: [README](README.md); terms: [glossary](glossary.md).

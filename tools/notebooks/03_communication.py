@@ -409,5 +409,5 @@ ch.next_steps()
 # Levers: DDP bucket sizes that overlap, bf16 gradient reduction, accumulation with `no_sync()`, tensor
 # parallelism inside a node and data parallelism across, one NIC per GPU.
 #
-# **Next chapter:** [Chapter 4: load balance →](04_load_balance.ipynb).
+# **Next chapter** (the playbook's order, 1 → 3 → 2 → 4 → 5): [Chapter 2: the starved data pipeline →](02_data_pipeline.ipynb).
 # All chapters: [README](README.md); terms: [glossary](glossary.md).

@@ -406,5 +406,5 @@ ch.next_steps()
 # Levers: bucket batches by length, raise the micro-batch count (or interleave), split the layers by
 # their measured time, and find stragglers from per-rank step times before adding ranks.
 #
-# **Next chapter:** [Chapter 5: fault tolerance →](05_fault_tolerance.ipynb).
+# **Next chapter** (the playbook's order, 1 → 3 → 2 → 4 → 5): [Chapter 5: fault tolerance →](05_fault_tolerance.ipynb).
 # All chapters: [README](README.md); terms: [glossary](glossary.md).
