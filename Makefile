@@ -97,8 +97,16 @@ lint: setup
 	$(VENV)/bin/ruff check lib tests tools
 
 ## JupyterLab for workshops: loopback only, token on.
+# The learners' copy: the committed notebooks are copied once into $(LAB_DIR) (ignored by git) and served
+# from there, so outputs and edits autosave into the copy, never into playbook/. Delete $(LAB_DIR) to start
+# over. Same depth as playbook/, so the notebooks' ../data paths hold. No news or update pop-ups.
+LAB_DIR ?= lab
 lab: setup
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=playbook \
+	@mkdir -p $(LAB_DIR) && for f in playbook/*.ipynb playbook/*.md; do \
+	  [ -e "$(LAB_DIR)/$$(basename $$f)" ] || cp "$$f" $(LAB_DIR)/; done
+	@echo "serving your copy of the playbook in $(LAB_DIR)/ (playbook/ stays as committed); open the URL printed below"
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=$(LAB_DIR) \
+	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## Every wheel the project needs, for an offline install on another machine (see README).
