@@ -1,5 +1,6 @@
 """Predict-then-measure exercises: grading, hidden answers, every chapter's questions on real profiles."""
 import json
+import re
 import math
 
 import pytest
@@ -145,7 +146,12 @@ def test_each_notebook_ends_with_exercises(name):
     checks = [c for c in code if "check(EX[" in c]
     assert 2 <= len(asks) == len(checks) <= 3
     for a in asks + [c for c in code if "ask(X." in c]:
-        assert "prediction = None" in a
+        assert re.search(r"^prediction\w* = None", a, re.M), a
+    # predicted before the sliders that could answer it, checked after them
+    first_ask = next(i for i, c in enumerate(code) if "ask(EX[" in c)
+    explorers = [i for i, c in enumerate(code) if "_explorer(" in c and "display(" in c]
+    first_check = next(i for i, c in enumerate(code) if "check(EX[" in c)
+    assert explorers and first_ask < explorers[0] and first_check > max(i for i in explorers if i < first_check)
     for c in code:       # check() returns None: no cell ends on an expression that prints a raw value
         last = c.rstrip().splitlines()[-1] if c.strip() else ""
         assert not last.startswith("feedback("), c

@@ -10,11 +10,13 @@ What a learner sees when the notebook opens:
   ``make setup`` registers), so the documented kernel is the one JupyterLab starts;
 - code inputs are collapsed (``{"jupyter": {"source_hidden": true}}``: one click on the cell's bar, or
   View > Expand All Code, shows them), so the results come first, except the cells a learner edits
-  (``learner_edits``: the parameters cell and the exercises' ``prediction = None`` cells). A collapsed
+  (``learner_edits``: the parameters cell and the exercises' ``prediction_... = None`` cells). A collapsed
   cell shows no ``[*]`` prompt: the kernel indicator and each long cell's progress line say what runs.
   The report hides every input anyway.
 """
 from __future__ import annotations
+
+import re
 
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ KERNEL = {"name": "preflight", "display_name": "Python (preflight)", "language":
 
 def learner_edits(src: str) -> bool:
     """Code the learner is meant to edit, so shown expanded: the parameters and the predictions."""
-    return src.startswith("# parameters") or "prediction = None" in src
+    return src.startswith("# parameters") or re.search(r"^prediction\w* = None", src, re.M) is not None
 
 
 def cells_from_percent(text: str):

@@ -186,7 +186,7 @@ if fus and fus.results.get("available"):
     ch.show("fusion", charts.bars(pd.DataFrame({
         "version": ["eager", "torch.compile"],
         "ms per fwd+bwd": [fr["eager_fwd_bwd_s"] * 1e3, fr["compiled_fwd_bwd_s"] * 1e3]}),
-        "ms per fwd+bwd", "version", title=f"torch.compile speedup {fr['speedup_fwd_bwd']:.2f}x ({fus.source})"))
+        "ms per fwd+bwd", "version", title=f"Eager vs torch.compile, ms per forward + backward ({fus.source})"))
     cats = bench_fusion.categories_frame(fr).pivot(index="category", columns="version", values="share")
     cats = cats.reindex(columns=["eager", "compiled"]).rename_axis(columns=None)
     print("Share of profiled op time by category:")
@@ -258,6 +258,21 @@ if base:
           "different model on a different device, so a different ceiling. Type it into the sliders to compare.")
 else:
     ts_m, tc_m = ts, tc
+
+# %% [markdown]
+# **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little
+# so that the chapter has not shown the answer. Write your prediction after `prediction_... =` and run
+# the cell; the sliders then test your reasoning, and the end of the chapter computes the answer.
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.chapters.predict import ask, check
+
+EX = X.baseline(prof)
+
+# %%
+ask(EX["amdahl"])
+prediction_amdahl = None       # your answer
 
 # %%
 if interactive:
@@ -343,6 +358,10 @@ if mem["terms"] is not None:
         cf = mem["cheapest"]
         print("Changes in order of their cost in throughput (cheapest first); the first that fits is the fix:")
         ch.table(cf[cf["order"] <= 12][["order", "change", "GiB", "fits", "cost"]])
+
+# %%
+ask(EX["model_states"])
+prediction_model_states = None       # your answer
 
 # %%
 if interactive and mem["plan"] is not None:
@@ -431,33 +450,16 @@ if interactive and not isinstance(advice, str) and advice["fitting"]:
     display(layout_explorer(prof, advice))
 
 # %% [markdown]
-# ## Predict, then measure
+# ## Check your predictions
 #
-# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
-# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
-# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
-# library and says how far off you were. The answer stays hidden until you predict (the headless audit
-# shows it).
+# The questions you answered before the sliders, computed with the library on your plan: how far off
+# were you? The answer stays hidden until you predict (the headless audit shows it).
 
 # %%
-from preflight.chapters import exercises as X
-from preflight.chapters.predict import ask, check
-
-EX = X.baseline(prof)
+check(EX["amdahl"], prediction_amdahl, reveal=not interactive)
 
 # %%
-ask(EX["amdahl"])
-prediction = None       # your answer
-
-# %%
-check(EX["amdahl"], prediction, reveal=not interactive)
-
-# %%
-ask(EX["model_states"])
-prediction = None       # your answer
-
-# %%
-check(EX["model_states"], prediction, reveal=not interactive)
+check(EX["model_states"], prediction_model_states, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces

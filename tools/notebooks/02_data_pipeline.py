@@ -226,6 +226,25 @@ C.add_measured_findings(ch.findings, prof, pipe, tune, overhead)
 # packing buys. Then supply vs consumption: the steady-state idle share 1 - S/C is a lower bound, since
 # jitter idles the device even above 1.0x; hence the 1.2x rule.
 
+# %% [markdown]
+# **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little
+# so that the chapter has not shown the answer. Write your prediction after `prediction_... =` and run
+# the cell; the sliders then test your reasoning, and the end of the chapter computes the answer.
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.chapters.predict import ask, check
+
+EX = X.data_pipeline(prof)
+
+# %%
+ask(EX["listing"])
+prediction_listing = None       # your answer
+
+# %%
+ask(EX["workers"])
+prediction_workers = None       # your answer
+
 # %%
 if interactive:
     from IPython.display import display
@@ -239,33 +258,16 @@ else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
 
 # %% [markdown]
-# ## Predict, then measure
+# ## Check your predictions
 #
-# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
-# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
-# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
-# library and says how far off you were. The answer stays hidden until you predict (the headless audit
-# shows it).
+# The questions you answered before the sliders, computed with the library on your plan: how far off
+# were you? The answer stays hidden until you predict (the headless audit shows it).
 
 # %%
-from preflight.chapters import exercises as X
-from preflight.chapters.predict import ask, check
-
-EX = X.data_pipeline(prof)
+check(EX["listing"], prediction_listing, reveal=not interactive)
 
 # %%
-ask(EX["listing"])
-prediction = None       # your answer
-
-# %%
-check(EX["listing"], prediction, reveal=not interactive)
-
-# %%
-ask(EX["workers"])
-prediction = None       # your answer
-
-# %%
-check(EX["workers"], prediction, reveal=not interactive)
+check(EX["workers"], prediction_workers, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces

@@ -99,6 +99,25 @@ ch.table(pd.DataFrame([
      "value": f"{percent(p['efficiency_no_overlap'])} / {percent(p['efficiency_full_overlap'])}"},
 ]))
 
+# %% [markdown]
+# **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little
+# so that the chapter has not shown the answer. Write your prediction after `prediction_... =` and run
+# the cell; the sliders then test your reasoning, and the end of the chapter computes the answer.
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.chapters.predict import ask, check
+
+EX = X.communication(prof)
+
+# %%
+ask(EX["volume"])
+prediction_volume = None       # your answer
+
+# %%
+ask(EX["time"])
+prediction_time = None       # your answer
+
 # %%
 if interactive:
     from IPython.display import display
@@ -341,33 +360,16 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")
 
 # %% [markdown]
-# ## Predict, then measure
+# ## Check your predictions
 #
-# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
-# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
-# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
-# library and says how far off you were. The answer stays hidden until you predict (the headless audit
-# shows it).
+# The questions you answered before the sliders, computed with the library on your plan: how far off
+# were you? The answer stays hidden until you predict (the headless audit shows it).
 
 # %%
-from preflight.chapters import exercises as X
-from preflight.chapters.predict import ask, check
-
-EX = X.communication(prof)
+check(EX["volume"], prediction_volume, reveal=not interactive)
 
 # %%
-ask(EX["volume"])
-prediction = None       # your answer
-
-# %%
-check(EX["volume"], prediction, reveal=not interactive)
-
-# %%
-ask(EX["time"])
-prediction = None       # your answer
-
-# %%
-check(EX["time"], prediction, reveal=not interactive)
+check(EX["time"], prediction_time, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces

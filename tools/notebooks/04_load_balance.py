@@ -151,6 +151,25 @@ zb = Z.zb_h1_timeline(gp, gm)
 ch.show("schedule_zero_bubble", charts.gantt(zb, title=f"ZB-H1, p={gp}, m={gm} (t_F = t_B = t_W, W: weight gradient): "
                                              f"idle {P.timeline_bubble(zb):.1%}"))
 
+# %% [markdown]
+# **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little
+# so that the chapter has not shown the answer. Write your prediction after `prediction_... =` and run
+# the cell; the sliders then test your reasoning, and the end of the chapter computes the answer.
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.chapters.predict import ask, check
+
+EX = X.load_balance(prof)
+
+# %%
+ask(EX["bubble"])
+prediction_bubble = None       # your answer
+
+# %%
+ask(EX["bubble_m"])
+prediction_bubble_m = None       # your answer
+
 # %%
 if interactive:
     from IPython.display import display
@@ -309,33 +328,16 @@ else:
     C.add_measured_findings(ch.findings, padm, bub, part)
 
 # %% [markdown]
-# ## Predict, then measure
+# ## Check your predictions
 #
-# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
-# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
-# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
-# library and says how far off you were. The answer stays hidden until you predict (the headless audit
-# shows it).
+# The questions you answered before the sliders, computed with the library on your plan: how far off
+# were you? The answer stays hidden until you predict (the headless audit shows it).
 
 # %%
-from preflight.chapters import exercises as X
-from preflight.chapters.predict import ask, check
-
-EX = X.load_balance(prof)
+check(EX["bubble"], prediction_bubble, reveal=not interactive)
 
 # %%
-ask(EX["bubble"])
-prediction = None       # your answer
-
-# %%
-check(EX["bubble"], prediction, reveal=not interactive)
-
-# %%
-ask(EX["bubble_m"])
-prediction = None       # your answer
-
-# %%
-check(EX["bubble_m"], prediction, reveal=not interactive)
+check(EX["bubble_m"], prediction_bubble_m, reveal=not interactive)
 
 # %% [markdown]
 # ## Stragglers: a synchronous step waits for the slowest rank

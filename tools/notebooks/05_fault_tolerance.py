@@ -87,6 +87,21 @@ ch.table(C.rates_table(p5))
 ch.table(C.reference_table())
 ch.show("failure_probability", failure_charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))
 
+# %% [markdown]
+# **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little
+# so that the chapter has not shown the answer. Write your prediction after `prediction_... =` and run
+# the cell; the sliders then test your reasoning, and the end of the chapter computes the answer.
+
+# %%
+from preflight.chapters import exercises as X
+from preflight.chapters.predict import ask, check
+
+EX = X.fault_tolerance(prof)
+
+# %%
+ask(EX["day"])
+prediction_day = None       # your answer
+
 # %%
 if interactive:
     from IPython.display import display
@@ -143,6 +158,11 @@ else:
            "so any interval in that range is as good." if resolved else
            "The simulation drew too few failures near the optimum to locate it (failures are rare at this MTBF); "
            "Daly's model is exact for this process.")
+
+# %%
+if "interval" in EX:      # not asked when the profile has no failures (no optimal interval)
+    ask(EX["interval"])
+prediction_interval = None       # your answer
 
 # %%
 if interactive:
@@ -338,35 +358,17 @@ print(f"lib/preflight/slurm/{template.name}  ({len(text.splitlines())} lines); i
 print("\n".join(line for line in text.splitlines()[:40]))
 
 # %% [markdown]
-# ## Predict, then measure
+# ## Check your predictions
 #
-# Questions on your own plan, each changed a little (another file budget, dtype, pipeline depth, node
-# count...) so that the answer is not a number this chapter has already shown: apply what you learned.
-# Write your prediction after `prediction =` and run the cell; the next cell computes the answer with the
-# library and says how far off you were. The answer stays hidden until you predict (the headless audit
-# shows it).
+# The questions you answered before the sliders, computed with the library on your plan: how far off
+# were you? The answer stays hidden until you predict (the headless audit shows it).
 
 # %%
-from preflight.chapters import exercises as X
-from preflight.chapters.predict import ask, check
-
-EX = X.fault_tolerance(prof)
-
-# %%
-ask(EX["day"])
-prediction = None       # your answer
-
-# %%
-check(EX["day"], prediction, reveal=not interactive)
-
-# %%
-if "interval" in EX:      # not asked when the profile has no failures (no optimal interval)
-    ask(EX["interval"])
-prediction = None       # your answer
+check(EX["day"], prediction_day, reveal=not interactive)
 
 # %%
 if "interval" in EX:
-    check(EX["interval"], prediction, reveal=not interactive)
+    check(EX["interval"], prediction_interval, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces
