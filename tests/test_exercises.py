@@ -1,7 +1,7 @@
 """Predict-then-measure exercises: grading, hidden answers, every chapter's questions on real profiles."""
 import json
-import re
 import math
+import re
 
 import pytest
 

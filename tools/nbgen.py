@@ -17,7 +17,6 @@ What a learner sees when the notebook opens:
 from __future__ import annotations
 
 import re
-
 import sys
 from pathlib import Path
 
