@@ -511,5 +511,6 @@ ch.next_steps()
 # logging, data waits), compile the memory-bound blocks, and take tp / pp / ZeRO / recompute from the
 # memory plan before the first run on the cluster.
 #
-# **Next chapter** (the playbook's order, 1 → 3 → 2 → 4 → 5: communication builds on this chapter's price list): [Chapter 3: communication vs computation →](03_communication.ipynb).
+# **Next chapter** (the playbook's order, 1 → 3 → 2 → 4 → 5: communication builds on this chapter's price
+# list): [Chapter 3: communication vs computation →](03_communication.ipynb).
 # All chapters: [README](README.md); terms: [glossary](glossary.md).
