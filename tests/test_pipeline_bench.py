@@ -223,3 +223,17 @@ def test_zero_bubble_runs_in_zb_h1_order(tmp_path):
                 assert ops[dep_kind, dep_s, dep_j][1] <= t0 + 1e-6, (k, kind, s, j)
     assert all({"F", "B", "W"} <= set(o) for o in res["op_s"])
     assert df.loc[0, "backward_ms"] > 0 and df.loc[0, "forward_ms"] > 0
+
+
+@pytest.mark.slow
+def test_several_runs_share_one_torchrun(monkeypatch):
+    """Chapter 4's seven runs at p = 2 start their processes once (start-up was seconds per run here);
+    each keeps its own warm-up and record, in the order asked."""
+    from preflight.harness import launch
+
+    calls, real = [], launch.run_torchrun
+    monkeypatch.setattr(launch, "run_torchrun", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    recs = pipeline.launch_runs(2, [("1f1b", 1, 1), ("gpipe", 4, 1)], quick=True, timeout=120)
+    assert len(calls) == 1 and "--runs" in calls[0]
+    assert [(r["results"]["schedule_requested"], r["results"]["microbatches"]) for r in recs] == [("1f1b", 1), ("gpipe", 4)]
+    assert all(r["params"]["warmup_steps"] == pipeline.WARMUP_STEPS for r in recs)

@@ -161,55 +161,71 @@ def _run_pipeline(dist, device, rank, p, schedule, m, v, partition, steps, quick
 def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[int] | None = None,
            steps: int = 10, quick: bool = False) -> dict | None:
     """One rank; rank 0 gathers every rank's medians, writes and returns the record (None elsewhere)."""
-    import torch
+    return worker_runs(out, [(schedule, m, v)], partition, steps, quick)[-1]
+
+
+def worker_runs(out, runs: list[tuple[str, int, int]], partition: list[int] | None = None, steps: int = 10,
+                quick: bool = False) -> list[dict | None]:
+    """Several runs (schedule, m, v) in one process group, one after the other, each with its own warm-up
+    and record: the processes start, import torch and rendezvous once (chapter 4's bubbles at p = 2 are
+    seven runs; a torchrun each cost seconds of start-up per run on a small machine)."""
     import torch.distributed as dist
 
-    from preflight.core.records import save_record
     from preflight.harness.launch import init_distributed
 
     de, device = init_distributed()
     try:
-        p = de["world_size"]
-        mine = _run_pipeline(dist, device, de["rank"], p, schedule, m, v, partition, steps, quick)
-        every = [None] * p
-        dist.all_gather_object(every, mine)
-        record = None
-        if de["rank"] == 0:
-            keys = ("rank", "step_s", "own_step_s", "busy_s", "idle_s", "idle_share")
-            rows = [{k: r[k] for k in keys} for r in every]
-            notes, cores = mine["notes"], len(os.sched_getaffinity(0))
-            over = device.type == "cpu" and p > cores
-            if over:
-                notes.append(f"oversubscribed: {p} ranks on {cores} cores; only functional (measures the OS scheduler)")
-            if partition:
-                notes.append("unequal stages: the formula assumes equal ones; the slowest stage sets the pace")
-            # Straggler view: with the closing barrier every rank's step is the pipeline's, so load shows in
-            # busy time; the busiest rank paces every micro-batch slot.
-            busy = [r["busy_s"] for r in rows]
-            slowest = max(rows, key=lambda r: r["busy_s"])
-            measured, formula = statistics.mean(r["idle_share"] for r in rows), bubble_formula(p, m, v, schedule)
-            step_s = max(r["step_s"] for r in rows)
-            results = {"world_size": p, "schedule": mine["schedule"], "schedule_requested": schedule,
-                       "microbatches": m, "chunks": v, "model": "hetero" if partition else "balanced",
-                       "batch": mine["batch"], "ranks": rows, "measured_bubble": measured, "formula": formula,
-                       "error": measured - formula, "step_s": step_s, "throughput": mine["batch"] / step_s,
-                       "stages": sorted((s for r in every for s in r["placement"]), key=lambda s: s["stage"]),
-                       "straggler": {"step_s_per_rank": [r["own_step_s"] for r in rows],
-                                     "busy_s_per_rank": busy, "slowest_rank": slowest["rank"],
-                                     "excess": slowest["busy_s"] / statistics.median(busy) - 1},
-                       "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0],
-                       "timelines": [r["timeline"] for r in every],        # per rank, per timed step
-                       "op_s": op_medians([r["timeline"] for r in every]),
-                       "device_kind": device.type, "backend": dist.get_backend()}
-            params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
-                      "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
-                      "sizes": (HETERO if partition else BALANCED)[quick]}
-            record = METHOD.record(params, results)
-            save_record(record, out, name=_name(schedule, p, m, v, partition))
-        dist.barrier()                # field notes: without it some runs aborted at exit
-        return record
+        return [_record_run(dist, device, de, out, schedule, m, v, partition, steps, quick)
+                for schedule, m, v in runs]
     finally:
         dist.destroy_process_group()
+
+
+def _record_run(dist, device, de, out, schedule, m, v, partition, steps, quick) -> dict | None:
+    """One run of :func:`worker_runs`: every rank's medians gathered, rank 0 writes the record."""
+    import torch
+
+    from preflight.core.records import save_record
+
+    p = de["world_size"]
+    mine = _run_pipeline(dist, device, de["rank"], p, schedule, m, v, partition, steps, quick)
+    every = [None] * p
+    dist.all_gather_object(every, mine)
+    record = None
+    if de["rank"] == 0:
+        keys = ("rank", "step_s", "own_step_s", "busy_s", "idle_s", "idle_share")
+        rows = [{k: r[k] for k in keys} for r in every]
+        notes, cores = mine["notes"], len(os.sched_getaffinity(0))
+        over = device.type == "cpu" and p > cores
+        if over:
+            notes.append(f"oversubscribed: {p} ranks on {cores} cores; only functional (measures the OS scheduler)")
+        if partition:
+            notes.append("unequal stages: the formula assumes equal ones; the slowest stage sets the pace")
+        # Straggler view: with the closing barrier every rank's step is the pipeline's, so load shows in
+        # busy time; the busiest rank paces every micro-batch slot.
+        busy = [r["busy_s"] for r in rows]
+        slowest = max(rows, key=lambda r: r["busy_s"])
+        measured, formula = statistics.mean(r["idle_share"] for r in rows), bubble_formula(p, m, v, schedule)
+        step_s = max(r["step_s"] for r in rows)
+        results = {"world_size": p, "schedule": mine["schedule"], "schedule_requested": schedule,
+                   "microbatches": m, "chunks": v, "model": "hetero" if partition else "balanced",
+                   "batch": mine["batch"], "ranks": rows, "measured_bubble": measured, "formula": formula,
+                   "error": measured - formula, "step_s": step_s, "throughput": mine["batch"] / step_s,
+                   "stages": sorted((s for r in every for s in r["placement"]), key=lambda s: s["stage"]),
+                   "straggler": {"step_s_per_rank": [r["own_step_s"] for r in rows],
+                                 "busy_s_per_rank": busy, "slowest_rank": slowest["rank"],
+                                 "excess": slowest["busy_s"] / statistics.median(busy) - 1},
+                   "oversubscribed": over, "notes": notes, "load_average_1m": os.getloadavg()[0],
+                   "timelines": [r["timeline"] for r in every],        # per rank, per timed step
+                   "op_s": op_medians([r["timeline"] for r in every]),
+                   "device_kind": device.type, "backend": dist.get_backend()}
+        params = {"schedule": schedule, "microbatches": m, "chunks": v, "partition": partition, "steps": steps,
+                  "warmup_steps": WARMUP_STEPS, "quick": quick, "omp_num_threads": torch.get_num_threads(),
+                  "sizes": (HETERO if partition else BALANCED)[quick]}
+        record = METHOD.record(params, results)
+        save_record(record, out, name=_name(schedule, p, m, v, partition))
+    dist.barrier()                # field notes: without it some runs aborted at exit
+    return record
 
 
 def _name(schedule, p, m, v, partition) -> str:
@@ -220,30 +236,49 @@ def _name(schedule, p, m, v, partition) -> str:
 
 def launch_run(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, out=None) -> dict:
     """Run the worker under ``torchrun --standalone``, one thread per process; its record."""
+    return launch_runs(p, [(schedule, m, v)], partition, quick, timeout, out)[0]
+
+
+def launch_runs(p, runs: list[tuple[str, int, int]], partition=None, quick=False, timeout=300.0, out=None) -> list[dict]:
+    """Several runs (schedule, m, v) in one ``torchrun --standalone`` (:func:`worker_runs`); their records,
+    in order. ``timeout`` is per run."""
     from preflight.harness.launch import run_torchrun, torchrun_cmd
 
-    args = ["--schedule", schedule, "--microbatches", str(m), "--chunks", str(v)] + (["--quick"] if quick else [])
+    args = ["--runs", ",".join(f"{s}:{m}:{v}" for s, m, v in runs)] + (["--quick"] if quick else [])
     args += ["--partition", ",".join(map(str, partition))] if partition else []
     with tempfile.TemporaryDirectory(prefix="preflight-pipeline-") as tmp:
         out_dir = Path(out) if out is not None else Path(tmp) / "records"
         run_torchrun(torchrun_cmd(p, "preflight.bench.pipeline", "--out", out_dir, *args),
-                     dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout)
-        path = out_dir / f"{METHOD.name}-{_name(schedule, p, m, v, partition)}.json"
-        record = json.loads(path.read_text())
-    if out is not None:
-        record["_path"] = str(path)
-    return record
+                     dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout * len(runs))
+        records = []
+        for s, m, v in runs:
+            path = out_dir / f"{METHOD.name}-{_name(s, p, m, v, partition)}.json"
+            record = json.loads(path.read_text())
+            if out is not None:
+                record["_path"] = str(path)
+            records.append(record)
+    return records
 
 
 def measure_bubble(p: int = 2, ms=(1, 2, 4, 8), schedule: str = "1f1b", quick: bool = False,
                    timeout: float = 300.0, v: int = 1, out=None):
-    """The balanced model, one torchrun per m: columns p, m, v, schedule (as run), measured_bubble,
-    formula, error, step_s. ``df.attrs["records"]``: the records (per-rank rows, notes, oversubscribed)."""
+    """The balanced model, one torchrun for every m (:func:`launch_runs`): columns p, m, v, schedule (as run),
+    measured_bubble, formula, error, step_s. ``df.attrs["records"]``: the records (per-rank rows, notes,
+    oversubscribed)."""
+    return bubble_frame(p, v, launch_runs(p, _checked(p, [(schedule, m, v) for m in ms]), quick=quick,
+                                          timeout=timeout, out=out))
+
+
+def _checked(p: int, runs: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    for schedule, m, v in runs:
+        bubble_formula(p, m, v, schedule)   # refuses a bad (p, m, v) before any process starts
+    return runs
+
+
+def bubble_frame(p: int, v: int, records: list[dict]):
+    """The rows of :func:`measure_bubble` from its records."""
     import pandas as pd
 
-    for m in ms:
-        bubble_formula(p, m, v, schedule)   # refuses a bad (p, m, v) before any process starts
-    records = [launch_run(p, schedule, m, v, quick=quick, timeout=timeout, out=out) for m in ms]
     cols = ("schedule", "measured_bubble", "formula", "error", "step_s", "oversubscribed")
 
     def per_mb(res, kinds):                 # mean over ranks of the median op times, in ms
@@ -270,18 +305,22 @@ def runs_frame(records: list[dict]):
 
 def measure_bubbles(quick: bool = False) -> dict:
     """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8,
-    ZB-H1 at p=2, m=4, 8; quick: p=2, m=1 and 4), one torchrun each; a row per run with the schedule
+    ZB-H1 at p=2, m=4, 8; quick: p=2, m=1 and 4), one torchrun per pipeline depth; a row per run with the schedule
     requested, its per-micro-batch forward and backward (B + W) time, mean over ranks."""
     import pandas as pd
 
-    if quick:
-        runs = [measure_bubble(p=2, ms=(1, 4), schedule="1f1b", quick=True).assign(requested="1f1b")]
-    else:
-        runs = [measure_bubble(p=2, ms=(1, 2, 4, 8), schedule="1f1b").assign(requested="1f1b"),
-                measure_bubble(p=2, ms=(8,), schedule="gpipe").assign(requested="gpipe"),
-                measure_bubble(p=4, ms=(4, 8), schedule="1f1b").assign(requested="1f1b"),
-                measure_bubble(p=2, ms=(4, 8), schedule="zb-h1").assign(requested="zb-h1")]
-    return {"rows": pd.concat(runs, ignore_index=True).to_dict("records")}
+    plan = ({2: [("1f1b", 1, 1), ("1f1b", 4, 1)]} if quick else
+            {2: [("1f1b", m, 1) for m in (1, 2, 4, 8)] + [("gpipe", 8, 1), ("zb-h1", 4, 1), ("zb-h1", 8, 1)],
+             4: [("1f1b", 4, 1), ("1f1b", 8, 1)]})
+    frames = []
+    for p, runs in plan.items():            # one torchrun per pipeline depth, its runs one after the other
+        records = launch_runs(p, _checked(p, runs), quick=quick)
+        for (schedule, _m, v), rec in zip(runs, records, strict=True):
+            frames.append(bubble_frame(p, v, [rec]).assign(requested=schedule))
+    order = {("1f1b", 2): 0, ("gpipe", 2): 1, ("1f1b", 4): 2, ("zb-h1", 2): 3}     # the rows' order as before
+    rows = pd.concat(frames, ignore_index=True)
+    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: (order[(rows["requested"][i], rows["p"][i])], i))]
+    return {"rows": rows.reset_index(drop=True).to_dict("records")}
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -293,36 +332,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--chunks", type=int, default=1, help="stages per rank (interleaved only)")
+    ap.add_argument("--runs", default=None, help="several runs in one process group, one after the other: "
+                    "SCHEDULE:M:V,... (e.g. 1f1b:1:1,1f1b:4:1,gpipe:8:1); replaces --schedule, --microbatches, "
+                    "--chunks")
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--partition", help="heterogeneous model: first layer index of each stage, e.g. 0,4")
     group.add_argument("--balanced-blocks", action="store_true", help="identical MLP blocks (the default)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10, 5 with --quick)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer steps")
     ap.add_argument("--measure", choices=("bubbles",), default=None,
-                    help="instead of being one rank: launch chapter 4's bubble measurement here (torchrun per "
-                         "run) and write pipeline_bubble.json")
+                    help="instead of being one rank: launch chapter 4's bubble measurement here (one torchrun "
+                         "per pipeline depth) and write pipeline_bubble.json")
     args = ap.parse_args(argv)
     if args.measure:
         from preflight.core.records import save_record
 
         print(save_record(BUBBLES.record({"quick": args.quick}, measure_bubbles(quick=args.quick)), args.out))
         return 0
-    if args.microbatches < 1 or args.chunks < 1 or (args.chunks > 1 and args.schedule != "interleaved"):
-        ap.error("need --microbatches >= 1, --chunks >= 1, and --chunks > 1 only with --schedule interleaved")
+    try:
+        runs = ([(s, int(m), int(v)) for s, m, v in (r.split(":") for r in args.runs.split(","))] if args.runs
+                else [(args.schedule, args.microbatches, args.chunks)])
+    except ValueError:
+        ap.error(f"argument --runs {args.runs!r}: expected SCHEDULE:M:V[,SCHEDULE:M:V...], e.g. 1f1b:4:1")
     from preflight.harness.launch import dist_env
 
     world = dist_env()["world_size"]
-    if args.schedule == "interleaved" and args.microbatches % world:    # as Megatron-LM and the model
-        ap.error(f"--schedule interleaved needs --microbatches a multiple of the {world} ranks")
+    for schedule, m, v in runs:
+        if schedule not in SCHEDULES:
+            ap.error(f"schedule {schedule!r}: accepted {', '.join(SCHEDULES)}")
+        if m < 1 or v < 1 or (v > 1 and schedule != "interleaved"):
+            ap.error("need microbatches >= 1, chunks >= 1, and chunks > 1 only with the interleaved schedule")
+        if schedule == "interleaved" and m % world:    # as Megatron-LM and the model
+            ap.error(f"the interleaved schedule needs microbatches a multiple of the {world} ranks (got {m})")
     try:
         partition = [int(t) for t in args.partition.split(",")] if args.partition else None
         if partition:
             check_partition(partition, len(HETERO_NAMES), world * args.chunks)
     except ValueError as exc:
         ap.error(f"argument --partition {args.partition!r}: {exc}")
-    rec = worker(args.out, args.schedule, args.microbatches, args.chunks, partition,
-                 args.steps or (5 if args.quick else 10), args.quick)
-    if rec is not None:
+    recs = worker_runs(args.out, runs, partition, args.steps or (5 if args.quick else 10), args.quick)
+    for rec in (r for r in recs if r is not None):
         res = rec["results"]
         print(*(f"rank {r['rank']}: step {r['step_s']:.4f} s, busy {r['busy_s']:.4f} s" for r in res["ranks"]),
               f"bubble {res['measured_bubble']:.3f} (formula {res['formula']:.3f}), {res['throughput']:.1f} samples/s",
