@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from preflight.core.findings import FindingSink, judge, worst
-from preflight.core.numfmt import plural
+from preflight.core.numfmt import plural, seconds
 from preflight.core.profile import Profile
 from preflight.models import data as M
 
@@ -49,7 +49,7 @@ def add_listing_finding(sink: FindingSink, profile: Profile) -> None:
     v, words = judge(s, warn=LISTING_WARN_S, fail=LISTING_FAIL_S, higher_is_better=False, fmt="{:g} s")
     small = d.mean_file_kB / 1e3 < M.MIN_FILE_MB_PARALLEL_FS
     sink.add(id="data_pipeline/listing_s_at_profile", value=s, unit="s", verdict=v, threshold=words,
-             message=(f"Listing {d.files:,} files on {M.storage_label(d.storage)} costs about {s:,.0f} s ({s / 60:,.1f} min) at "
+             message=(f"Listing {d.files:,} files on {M.storage_label(d.storage)} costs about {seconds(s)} at "
                       f"every start from one client, before a byte is read; as {n_shards:,} shards of "
                       f"{SHARD_MB} MB: {M.listing_time_s(n_shards, d.storage):,.2g} s. Mean file "
                       f"{d.mean_file_kB:g} kB" + (f", under the {M.MIN_FILE_MB_PARALLEL_FS} MB advised on a "

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from preflight.core.numfmt import num
+from preflight.core.numfmt import num, percent
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,13 @@ def feedback(ex: Exercise, prediction: float | None, reveal: bool = False) -> Fe
         verdict, err = grade(prediction, truth, ex.rel_tol, ex.log)
     except ValueError as e:
         return Feedback(f"{e}. {answer}", revealed=True, answer=truth, problem=str(e))
-    how = f"a factor of {err:.2g}" if ex.log else f"{err:.0%}"
-    return Feedback(f"Your prediction {num(prediction)} {ex.unit} is **{verdict}** ({how} from the answer). {answer}",
+    if ex.log:
+        how = f"a factor of {num(err)} from the answer"
+    elif ex.unit == "%":            # a share: say the points, then the relative error (two percentages read alike)
+        how = f"{num(abs(prediction - truth))} percentage points from the answer"
+    else:
+        how = f"{percent(err)} from the answer"
+    return Feedback(f"Your prediction {num(prediction)} {ex.unit} is **{verdict}** ({how}). {answer}",
                     revealed=True, answer=truth, verdict=verdict, error=err)
 
 

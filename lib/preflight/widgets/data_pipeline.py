@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipywidgets as W
 
+from preflight.core.numfmt import seconds
 from preflight.reporting import charts
 from preflight.widgets.core import _log_slider, explorer, readout
 
@@ -21,9 +22,9 @@ def listing_explorer(files: int, per_file_ms: float, mean_file_kB: float) -> W.V
         t = M.listing_time_s(n, "lustre", per_file_ms / 1e3)
         shards = M.shard_count(n, mean_file_kB, shard_MB)
         ts = M.listing_time_s(shards, "lustre", per_file_ms / 1e3)
-        text = readout({"listing_s": ("listing, small files", f"{t:,.1f} s ({t / 60:,.1f} min)"),
+        text = readout({"listing_s": ("listing, small files", seconds(t)),
                         "shards": (f"shards of {shard_MB} MB", f"{shards:,}"),
-                        "listing_shards_s": ("listing, shards", f"{ts:,.3g} s")})
+                        "listing_shards_s": ("listing, shards", seconds(ts))})
         import pandas as pd
 
         xs = [10 ** (k / 4) for k in range(12, 41)]
