@@ -170,10 +170,10 @@ if sweep:
     ch.table(pd.DataFrame({"size (MB)": sw["bytes"] / 1e6, "median (ms)": sw["time_s"] * 1e3,
                            "algbw (GB/s)": sw["algbw_GBps"], "busbw (GB/s)": sw["busbw_GBps"],
                            "fit (ms)": sw["fit_time_s"] * 1e3, "fit error": sw["fit_rel_error"].map("{:+.0%}".format)}))
-    long = pd.concat([pd.DataFrame({"bytes": sw["bytes"], "seconds": sw["time_s"], "curve": "measured (median)"}),
-                      pd.DataFrame({"bytes": sw["bytes"], "seconds": sw["fit_time_s"], "curve": "alpha-beta fit"})])
-    ch.show("allreduce_sweep", charts.curves(long, "bytes", "seconds", "curve",
-                                             title="All-reduce time per message size"))
+    long = pd.concat([pd.DataFrame({"bytes": sw["bytes"], "ms": sw["time_s"] * 1e3, "curve": "measured (median)"}),
+                      pd.DataFrame({"bytes": sw["bytes"], "ms": sw["fit_time_s"] * 1e3, "curve": "alpha-beta fit"})])
+    ch.show("allreduce_sweep", charts.curves(long, "bytes", "ms", "curve", x_title="message size (bytes)",
+                                             y_format=",~g", title="All-reduce time per message size (ms)"))
 elif ch.measure:
     print("one device only: no all-reduce to measure here")
 C.add_sweep_findings(ch.findings, prof, sweep,

@@ -228,7 +228,7 @@ def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
 
 
 def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
-           log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = "~s",
+           log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = ".3~s",
            rule_x: float | None = None, x_title: str | None = None) -> alt.LayerChart:
     """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``; with
     their points marked when no series has more than 12 (a series of one point is then still seen).
