@@ -90,5 +90,5 @@ def test_report_pages_point_the_closing_links_at_report_pages():
 
     body = playbook_links('<a href="02_data_pipeline.ipynb">next</a> <a href="README.md">all</a> '
                           '<a href="glossary.md">glossary</a>')
-    assert 'href="02_data_pipeline.html"' in body and 'href="index.html"' in body
+    assert 'href="02_data_pipeline.html"' in body and '<a href="index.html">the audit summary</a>' in body
     assert "glossary.md\"" not in body and "glossary (docs/glossary.md)" in body

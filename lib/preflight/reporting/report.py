@@ -113,6 +113,7 @@ _ANCHOR = re.compile(r'<a class="anchor-link" href="[^"]*">[^<]*</a>')
 # The chapters' closing links, written for JupyterLab (playbook/): on a report page the next chapter is
 # its page, the playbook's index is the audit summary, and the glossary (not in the report) is plain text.
 _PLAYBOOK_LINKS = ((re.compile(r'href="(\d\d_\w+)\.ipynb"'), r'href="\1.html"'),
+                   (re.compile(r'<a href="README\.md">[^<]*</a>'), '<a href="index.html">the audit summary</a>'),
                    (re.compile(r'href="README\.md"'), 'href="index.html"'),
                    (re.compile(r'<a href="glossary\.md">([^<]*)</a>'), r"\1 (docs/glossary.md)"))
 
