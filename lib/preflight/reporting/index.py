@@ -190,7 +190,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
             f"{verdict_badge(chapter_verdict(c))}</h2>"
             f"<p class='meta'>{esc(c['status'])} in {c['elapsed_s']:.1f} s · "
             f"<a href='{esc(chapter_page(c))}'>chapter page</a> · "
-            f"<a href='{esc(c['notebook'])}'>executed notebook</a></p>{err}"
+            f"<a href='{esc(c['notebook'])}' download>executed notebook (.ipynb, to open in JupyterLab)</a></p>{err}"
             f"{chapter_findings(found)}{chapter_charts(out_dir, c['name'])}</section>")
     notes = f"<p class='notes'>{esc(summary['notes'])}</p>" if summary["notes"] else ""
     body = (f"<h1>Preflight audit: {esc(summary['project'])}</h1>{notes}{facts_table(summary)}"
