@@ -40,9 +40,9 @@ svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:a
  details::details-content{content-visibility:visible;display:block} summary{list-style:none}
  .charts figure{margin:0 0 .8em} svg{max-width:100%;width:auto;height:auto;max-height:120mm}
  table.verdicts{table-layout:fixed} table.verdicts td,table.findings td{overflow-wrap:anywhere}
- table.verdicts td:nth-child(1){width:17%} table.verdicts td:nth-child(2){width:7%}
- table.verdicts td:nth-child(3){width:16%} table.verdicts td:nth-child(4){width:10%}
- table.verdicts td:nth-child(5){width:16%} td.num{white-space:normal}
+ table.verdicts th:nth-child(1){width:18%} table.verdicts th:nth-child(2){width:8%}
+ table.verdicts th:nth-child(3){width:17%} table.verdicts th:nth-child(4){width:9%}
+ table.verdicts th:nth-child(5){width:16%} td.num{white-space:normal}
  .guidance{background:none}
  .v{border:1px solid #000;color:#000!important;background:none!important}}
 """
