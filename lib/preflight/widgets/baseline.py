@@ -73,7 +73,8 @@ def memory_explorer(plan, capacity_bytes: float | None, gpus_per_node: int, gpus
                                      description="recompute", style=style),
         "mbs": W.SelectionSlider(options=mbs, value=plan.micro_batch_size, description="micro-batch size",
                                  style=style, layout=layout),
-        "sp": W.Checkbox(value=plan.sequence_parallel, description="sequence parallel (tp > 1)", style=style),
+        "sp": W.Checkbox(value=plan.sequence_parallel, description="sequence parallel (tp > 1)",
+                         style={"description_width": "initial"}, layout=W.Layout(width="520px")),
     }
 
     def compute(tp, pp, zero, recompute, mbs, sp):
@@ -147,7 +148,8 @@ def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
         best = ranked[0]
         values = {"best": ("best layout", advisor.label(best)),
                   "tokens": ("predicted tokens/s per GPU", f"{best['tokens_per_s_per_gpu']:,.0f}"),
-                  "mfu": ("predicted MFU", f"{best['mfu']:.1%}"),
+                  "mfu": ("predicted MFU (below the kernels' efficiency: bubble, exposed communication, recompute)",
+                          f"{best['mfu']:.1%} at {best['efficiency']:.0%} kernel efficiency"),
                   "step": ("step", f"{best['step_s']:.3g} s"),
                   "count": ("layouts that fit these limits", f"{len(ranked)}")}
         if own is not None:

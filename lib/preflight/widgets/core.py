@@ -46,7 +46,7 @@ def _log_slider(value: float, low: float, high: float, label: str, step: float =
     lo = e - step * math.floor((e - math.log10(low)) / step)
     hi = e + step * math.floor((math.log10(high) - e) / step)
     return W.FloatLogSlider(value=value, base=10, min=lo, max=hi, step=step,
-                            description=label, readout_format=",.3~r", style={"description_width": "170px"},
+                            description=label, readout_format=",.3r", style={"description_width": "170px"},
                             layout=W.Layout(width="520px"))
 
 
