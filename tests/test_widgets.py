@@ -89,6 +89,7 @@ def test_allreduce_calculator_reproduces_the_field_case_and_follows_the_sliders(
 
 
 def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas():
+    from preflight.core.numfmt import seconds
     from preflight.models import data as M
     from preflight.widgets import listing_explorer, supply_explorer
 
@@ -98,12 +99,14 @@ def test_listing_and_supply_explorers_start_exactly_and_agree_with_the_formulas(
     assert _readout(box)["listing_s"] == "5,000 s (83.3 min)"      # as the finding writes it
     c["stat per file (ms)"].value = c["stat per file (ms)"].value * 2
     listing = M.listing_time_s(10_000_000, "lustre", c["stat per file (ms)"].value / 1e3)
-    assert _readout(box)["listing_s"].startswith(f"{listing:,.1f} s")
+    assert _readout(box)["listing_s"] == seconds(listing)
+    assert _readout(box)["listing_s"] == "10,000 s (2.78 h)"
 
     box = supply_explorer(900.0, 1000.0, measured_idle=0.12)
     r = _readout(box)
     assert r["headroom"] == "0.90x" and r["idle"] == "10.0%" and r["verdict"] == "fail"
     assert r["measured_idle"] == "12.0%"
+    assert r["chapter"] == "fail"           # the chapter's verdict at the starting point: supply and measured idle
     svg = box.children[3].value            # the 1.2x line the title names is drawn (issue 19)
     assert re.search(r'aria-label="supply / consumption: 1.2"[^>]*stroke="#c62828"', svg)
 
