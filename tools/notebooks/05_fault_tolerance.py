@@ -7,8 +7,9 @@
 # p on a given day, **1−(1−p)^N** of the days see at least one failure (p = 1.0e-4, N = 1000: 9.52 % a
 # day; 95 % over a 30-day run). Llama 3 405B saw 419 unexpected interruptions in 54 days on
 # 16,384 GPUs (2,048 nodes): one every ~3 hours, **3.8e-3 per node-day**, 38× the 1.0e-4 the field report
-# assumes. Every verdict below is computed under both rates: the profile's decides, Llama 3's shows how
-# much rests on the assumption.
+# assumes. A profile without `cluster.node_failure_per_day` gets Llama 3's measured rate (the example
+# uses it); every verdict below is also computed under Llama 3's rate beside the profile's own, so a site
+# that enters the field report's 1.0e-4 sees how much rests on that assumption.
 #
 # This chapter turns that into numbers for your cluster and proves, on real machinery, that a
 # checkpoint/resume design survives a SIGKILL, an elastic restart and a walltime limit:
