@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from preflight.bench.pipeline import launch_run
+from preflight.bench.pipeline import launch_run, launch_runs
 from preflight.core.records import Method
 from preflight.harness.stages import HETERO_NAMES, check_partition, layer_times, stage_device
 
@@ -43,8 +43,13 @@ def measure_partition(p: int = 2, m: int = 8, quick: bool = False) -> dict:
     layers = layer_times(stage_device(p), quick=quick)          # where the stages will run
     times = [x["time_s"] for x in layers]
     by_count, by_time = P.partition_by_count(len(times), p), P.partition_by_time(times, p)
-    runs = {name: run_partition([part[0] for part in parts], p=p, m=m, quick=quick)
-            for name, parts in (("count", by_count), ("time", by_time))}
+    bounds = {name: check_partition([part[0] for part in parts], len(HETERO_NAMES), p)
+              for name, parts in (("count", by_count), ("time", by_time))}
+    # both partitions in one torchrun (the processes start once), each run with its warm-up and record
+    same = bounds["count"] == bounds["time"]           # equal layers: one split, run once
+    recs = launch_runs(p, [("1f1b", m, 1, bounds["count"])] + ([] if same else [("1f1b", m, 1, bounds["time"])]),
+                       quick=quick)
+    runs = {"count": recs[0]["results"], "time": recs[-1]["results"]}
     return {"p": p, "m": m, "layers": layers, "by_count": by_count, "by_time": by_time,
             "bottleneck_count_s": P.bottleneck(times, by_count), "bottleneck_time_s": P.bottleneck(times, by_time),
             "predicted_gain": P.partition_gain(times, p),

@@ -164,19 +164,20 @@ def worker(out, schedule: str = "1f1b", m: int = 4, v: int = 1, partition: list[
     return worker_runs(out, [(schedule, m, v)], partition, steps, quick)[-1]
 
 
-def worker_runs(out, runs: list[tuple[str, int, int]], partition: list[int] | None = None, steps: int = 10,
+def worker_runs(out, runs: list[tuple], partition: list[int] | None = None, steps: int = 10,
                 quick: bool = False) -> list[dict | None]:
-    """Several runs (schedule, m, v) in one process group, one after the other, each with its own warm-up
-    and record: the processes start, import torch and rendezvous once (chapter 4's bubbles at p = 2 are
-    seven runs; a torchrun each cost seconds of start-up per run on a small machine)."""
+    """Several runs (schedule, m, v[, partition]) in one process group, one after the other, each with its
+    own warm-up and record: the processes start, import torch and rendezvous once (chapter 4's bubbles at
+    p = 2 are seven runs, its partition two; a torchrun each cost seconds of start-up per run on a small
+    machine). A run without its own partition takes ``partition``."""
     import torch.distributed as dist
 
     from preflight.harness.launch import init_distributed
 
     de, device = init_distributed()
     try:
-        return [_record_run(dist, device, de, out, schedule, m, v, partition, steps, quick)
-                for schedule, m, v in runs]
+        return [_record_run(dist, device, de, out, r[0], r[1], r[2], _part(r, partition), steps, quick)
+                for r in runs]
     finally:
         dist.destroy_process_group()
 
@@ -239,20 +240,26 @@ def launch_run(p, schedule, m, v=1, partition=None, quick=False, timeout=300.0, 
     return launch_runs(p, [(schedule, m, v)], partition, quick, timeout, out)[0]
 
 
-def launch_runs(p, runs: list[tuple[str, int, int]], partition=None, quick=False, timeout=300.0, out=None) -> list[dict]:
-    """Several runs (schedule, m, v) in one ``torchrun --standalone`` (:func:`worker_runs`); their records,
-    in order. ``timeout`` is per run."""
+def _part(run: tuple, default):
+    """A run's own partition (its fourth field), else ``default``."""
+    return list(run[3]) if len(run) > 3 and run[3] else default
+
+
+def launch_runs(p, runs: list[tuple], partition=None, quick=False, timeout=300.0, out=None) -> list[dict]:
+    """Several runs (schedule, m, v[, partition]) in one ``torchrun --standalone`` (:func:`worker_runs`);
+    their records, in order. ``timeout`` is per run."""
     from preflight.harness.launch import run_torchrun, torchrun_cmd
 
-    args = ["--runs", ",".join(f"{s}:{m}:{v}" for s, m, v in runs)] + (["--quick"] if quick else [])
+    spec = [f"{r[0]}:{r[1]}:{r[2]}" + (":" + "_".join(map(str, r[3])) if len(r) > 3 and r[3] else "") for r in runs]
+    args = ["--runs", ",".join(spec)] + (["--quick"] if quick else [])
     args += ["--partition", ",".join(map(str, partition))] if partition else []
     with tempfile.TemporaryDirectory(prefix="preflight-pipeline-") as tmp:
         out_dir = Path(out) if out is not None else Path(tmp) / "records"
         run_torchrun(torchrun_cmd(p, "preflight.bench.pipeline", "--out", out_dir, *args),
                      dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1"), timeout * len(runs))
         records = []
-        for s, m, v in runs:
-            path = out_dir / f"{METHOD.name}-{_name(s, p, m, v, partition)}.json"
+        for r in runs:
+            path = out_dir / f"{METHOD.name}-{_name(r[0], p, r[1], r[2], _part(r, partition))}.json"
             record = json.loads(path.read_text())
             if out is not None:
                 record["_path"] = str(path)
@@ -325,6 +332,15 @@ def measure_bubbles(quick: bool = False) -> dict:
 
 # --- command line -----------------------------------------------------------------------------------
 
+def _parse_run(text: str) -> tuple:
+    """``SCHEDULE:M:V`` or ``SCHEDULE:M:V:B0_B1...`` (a partition) -> a run tuple; ValueError otherwise."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4):
+        raise ValueError(text)
+    run = (parts[0], int(parts[1]), int(parts[2]))
+    return run + (([int(b) for b in parts[3].split("_")],) if len(parts) == 4 else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preflight.bench.pipeline",
                                  description="one rank of a pipeline-parallel run (start it under torchrun)")
@@ -350,14 +366,20 @@ def main(argv: list[str] | None = None) -> int:
         print(save_record(BUBBLES.record({"quick": args.quick}, measure_bubbles(quick=args.quick)), args.out))
         return 0
     try:
-        runs = ([(s, int(m), int(v)) for s, m, v in (r.split(":") for r in args.runs.split(","))] if args.runs
+        runs = ([_parse_run(r) for r in args.runs.split(",")] if args.runs
                 else [(args.schedule, args.microbatches, args.chunks)])
     except ValueError:
-        ap.error(f"argument --runs {args.runs!r}: expected SCHEDULE:M:V[,SCHEDULE:M:V...], e.g. 1f1b:4:1")
+        ap.error(f"argument --runs {args.runs!r}: expected SCHEDULE:M:V[:B0_B1...][,...], e.g. 1f1b:4:1 or "
+                 "1f1b:8:1:0_5 (a partition: the first layer of each stage)")
     from preflight.harness.launch import dist_env
 
     world = dist_env()["world_size"]
-    for schedule, m, v in runs:
+    for schedule, m, v, *own in runs:
+        if own:
+            try:
+                check_partition(own[0], len(HETERO_NAMES), world * v)
+            except ValueError as exc:
+                ap.error(f"argument --runs: partition {own[0]}: {exc}")
         if schedule not in SCHEDULES:
             ap.error(f"schedule {schedule!r}: accepted {', '.join(SCHEDULES)}")
         if m < 1 or v < 1 or (v > 1 and schedule != "interleaved"):
