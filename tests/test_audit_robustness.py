@@ -328,3 +328,14 @@ def test_an_audit_stopped_by_ctrl_c_turns_logging_back_on(monkeypatch, tmp_path)
     finally:
         signal.signal(signal.SIGINT, before_handler)
         logging.disable(logging.NOTSET)
+
+
+def test_progress_estimates_the_time_left_from_the_runs_pace():
+    from preflight.runner import audit as A
+
+    t = A.TYPICAL_CHAPTER_S
+    assert A.time_left([], [1, 2, 3, 4, 5], 0.0) == pytest.approx(sum(t.values()))
+    # twice as slow as typical on chapter 1: the rest is estimated twice as long
+    assert A.time_left([1], [2, 3, 4, 5], 2 * t[1]) == pytest.approx(2 * (t[2] + t[3] + t[4] + t[5]))
+    assert A.time_left([1, 2, 3, 4, 5], [], 400.0) == 0.0
+    assert A.time_left([], [9], 0.0) is None

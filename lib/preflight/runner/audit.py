@@ -41,12 +41,16 @@ from preflight import REPO
 from preflight.chapters.registry import BY_NAME, CHAPTERS
 from preflight.core.findings import VERDICT_RANK, Finding, read_findings, worst
 from preflight.core.fsutil import atomic_write_text
+from preflight.core.numfmt import duration
 from preflight.core.profile import Profile
 from preflight.runner import kernels
 
 PLAYBOOK = REPO / "playbook"
 DEFAULT_TIMEOUT_S = 600       # per cell
 INTERRUPTED_EXIT = 130        # 128 + SIGINT, as a shell reports Ctrl-C
+# A measuring audit's chapter times on the reference 2-core CPU (docs/timings.md): the progress line's
+# estimate of the time left scales them by how fast this run has gone so far.
+TYPICAL_CHAPTER_S = {1: 66.0, 2: 52.0, 3: 46.0, 4: 102.0, 5: 65.0}
 _NB = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
 _PAGE = re.compile(r"^\d\d_[a-z0-9_]+\.html$")
 
@@ -65,6 +69,17 @@ class ChapterRun:
     elapsed_s: float = 0.0
     error: str | None = None
     findings: list[dict] = field(default_factory=list)
+
+
+def time_left(done: list[int], todo: list[int], elapsed_s: float) -> float | None:
+    """Seconds a measuring audit still needs for the chapters ``todo``: their typical times
+    (:data:`TYPICAL_CHAPTER_S`) scaled by this run's pace on the chapters ``done`` (1 before any);
+    None for a chapter without a typical time."""
+    if any(n not in TYPICAL_CHAPTER_S for n in [*done, *todo]):
+        return None
+    typical = sum(TYPICAL_CHAPTER_S[n] for n in done)
+    pace = elapsed_s / typical if typical > 0 and elapsed_s > 0 else 1.0
+    return pace * sum(TYPICAL_CHAPTER_S[n] for n in todo)
 
 
 def discover(playbook: Path = PLAYBOOK) -> dict[int, tuple[str, Path]]:
@@ -199,8 +214,10 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
             try:
                 for i, num in enumerate(chapters, 1):
                     name, nb_path = available[num]
-                    log(f"[{i}/{len(chapters)}] chapter {num} {name}: running "
-                        f"(elapsed {time.perf_counter() - started:.0f} s)", flush=True)
+                    elapsed = time.perf_counter() - started
+                    left = time_left(chapters[:i - 1], chapters[i - 1:], elapsed) if measuring else None
+                    log(f"[{i}/{len(chapters)}] chapter {num} {name}: running (elapsed {elapsed:.0f} s"
+                        + (f", about {duration(left)} left)" if left is not None else ")"), flush=True)
                     run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, km_class)
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
                         f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}",
