@@ -45,9 +45,28 @@ def _env() -> dict:
 
 
 def run_to_end(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+    run_all_to_end([cmd])
+
+
+def run_all_to_end(cmds: list[list[str]]) -> None:
+    """Run ``cmds`` side by side to their end (runs whose time nothing reads: the left-out-part resumes,
+    compared bit for bit, which no sharing of the cores can change); RuntimeError naming the first that
+    failed, after every one has ended."""
+    procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for cmd in cmds]
+    errors = []
+    try:
+        for cmd, proc in zip(cmds, procs, strict=True):
+            _, err = proc.communicate(timeout=TIMEOUT_S)
+            if proc.returncode != 0:
+                errors.append(f"{' '.join(cmd)} exited with {proc.returncode}:\n{err[-3000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if errors:
+        raise RuntimeError(errors[0])
 
 
 class LogTail:
@@ -150,10 +169,11 @@ def measure_resume(workdir: str | os.PathLike | None = None, steps: int = 200, e
                  "first_divergent_step": _first_divergent(cmp_full), "max_abs_diff": float(cmp_full["abs_diff"].max()),
                  "final_loss": float(full["loss"].iloc[-1])}]
         curves = []
+        # the left-out-part resumes are compared bit for bit, not timed: side by side
+        run_all_to_end([trainloop_cmd(work / f"omit-{part}", work / f"omit-{part}.jsonl", steps, every, "--omit", part)
+                        for part in PARTS])
         for part in PARTS:
-            log = work / f"omit-{part}.jsonl"
-            run_to_end(trainloop_cmd(work / f"omit-{part}", log, steps, every, "--omit", part))
-            other, _ = read_log(log)
+            other, _ = read_log(work / f"omit-{part}.jsonl")
             c = compare(ref, other, from_step=ckpt_step)
             rows.append({"variant": f"without {part}", "steps_compared": len(c), "bitwise_equal": bool(c["equal"].all()),
                          "first_divergent_step": _first_divergent(c), "max_abs_diff": float(c["abs_diff"].max()),
