@@ -209,8 +209,8 @@ else:
 # `torch.distributed.pipelining` (PipelineStage + ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B)
 # on identical blocks split evenly, one process per stage under torchrun (gloo on a CPU, NCCL on GPUs).
 # Each rank's busy time is the time inside its stage's forward and backward; the rest of the step is
-# idle. On 2 cores, 2 stages give trustworthy timings; 4 stages are oversubscribed (two processes per
-# core) and only show that the schedule runs. Where they part from the formula: at large m the
+# idle. On 2 cores, 2 stages give trustworthy timings; 4 stages would be oversubscribed (two processes
+# per core: they time the OS scheduler), so p=4 runs only where the machine has 4 cores or GPUs. Where they part from the formula: at large m the
 # point-to-point send/recv latency between stages sets a floor the formula (zero-cost communication)
 # does not have. The formulas give GPipe and 1F1B the same bubble; where the measured schedules differ
 # at the same m, the difference is communication and synchronisation overhead, which they do not model.
@@ -238,6 +238,8 @@ if bub:
         print("Fewer GPUs than pipeline ranks: those runs put every rank on the CPU (gloo); NCCL needs one GPU "
               "per rank. Run this measurement on a node with p GPUs for GPU numbers.")
     ch.table(br)
+    for note in bub.results.get("notes", []):
+        ch.note(note)
     sched = br["requested"] if "requested" in br else br["schedule"]
     fsched = (" " + sched).where(sched == "zb-h1", "")   # GPipe and 1F1B share a formula; ZB-H1 has its own
     long = pd.concat([br.assign(curve="measured " + sched + ", p=" + br["p"].astype(str))[["m", "curve"]]

@@ -311,14 +311,23 @@ def runs_frame(records: list[dict]):
 
 
 def measure_bubbles(quick: bool = False) -> dict:
-    """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8,
-    ZB-H1 at p=2, m=4, 8; quick: p=2, m=1 and 4), one torchrun per pipeline depth; a row per run with the schedule
-    requested, its per-micro-batch forward and backward (B + W) time, mean over ranks."""
+    """Method ``pipeline_bubble``: the balanced model at p=2 over m (and GPipe at m=8, p=4 at m=4, 8 where
+    the machine runs 4 ranks, ZB-H1 at p=2, m=4, 8; quick: p=2, m=1 and 4), one torchrun per pipeline depth;
+    a row per run with the schedule requested, its per-micro-batch forward and backward (B + W) time, mean
+    over ranks; ``notes``: what was not run, and why."""
     import pandas as pd
+
+    from preflight.harness.launch import max_processes
 
     plan = ({2: [("1f1b", 1, 1), ("1f1b", 4, 1)]} if quick else
             {2: [("1f1b", m, 1) for m in (1, 2, 4, 8)] + [("gpipe", 8, 1), ("zb-h1", 4, 1), ("zb-h1", 8, 1)],
              4: [("1f1b", 4, 1), ("1f1b", 8, 1)]})
+    notes = []
+    ranks, unit = max_processes()
+    if 4 in plan and ranks < 4:         # 4 stages on fewer cores time the OS scheduler, not the schedule
+        del plan[4]
+        notes.append(f"p=4 not run: this machine runs {ranks} {unit} meaningfully, and 4 stages on it would time "
+                     "the OS scheduler, not the pipeline")
     frames = []
     for p, runs in plan.items():            # one torchrun per pipeline depth, its runs one after the other
         records = launch_runs(p, _checked(p, runs), quick=quick)
@@ -327,7 +336,7 @@ def measure_bubbles(quick: bool = False) -> dict:
     order = {("1f1b", 2): 0, ("gpipe", 2): 1, ("1f1b", 4): 2, ("zb-h1", 2): 3}     # the rows' order as before
     rows = pd.concat(frames, ignore_index=True)
     rows = rows.iloc[sorted(range(len(rows)), key=lambda i: (order[(rows["requested"][i], rows["p"][i])], i))]
-    return {"rows": rows.reset_index(drop=True).to_dict("records")}
+    return {"rows": rows.reset_index(drop=True).to_dict("records"), "notes": notes}
 
 
 # --- command line -----------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ DEFAULT_TIMEOUT_S = 600       # per cell
 INTERRUPTED_EXIT = 130        # 128 + SIGINT, as a shell reports Ctrl-C
 # A measuring audit's chapter times on the reference 2-core CPU (docs/timings.md): the progress line's
 # estimate of the time left scales them by how fast this run has gone so far.
-TYPICAL_CHAPTER_S = {1: 66.0, 2: 52.0, 3: 46.0, 4: 102.0, 5: 65.0}
+TYPICAL_CHAPTER_S = {1: 45.0, 2: 45.0, 3: 40.0, 4: 45.0, 5: 58.0}
 _NB = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
 _PAGE = re.compile(r"^\d\d_[a-z0-9_]+\.html$")
 
