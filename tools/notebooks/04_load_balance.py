@@ -212,8 +212,9 @@ else:
 # idle. On 2 cores, 2 stages give trustworthy timings; 4 stages would be oversubscribed (two processes
 # per core: they time the OS scheduler), so p=4 runs only where the machine has 4 cores or GPUs. Where
 # they part from the formula: at large m the point-to-point send/recv latency between stages sets a floor
-# the formula (zero-cost communication) does not have. The formulas give GPipe and 1F1B the same bubble; where the measured schedules differ
-# at the same m, the difference is communication and synchronisation overhead, which they do not model.
+# the formula (zero-cost communication) does not have. The formulas give GPipe and 1F1B the same bubble;
+# where the measured schedules differ at the same m, the difference is communication and synchronisation
+# overhead, which they do not model.
 # 1F1B needs m >= p: at m=1 the run falls back to GPipe (same bubble), and the table says so.
 #
 # **Zero bubble, measured.** `torch.distributed.pipelining` has `ScheduleInterleavedZeroBubble` and
