@@ -27,7 +27,8 @@ table.findings td:first-child{width:17%} table.findings td:nth-child(4){width:20
 ol.fixes{margin:.4em 0 .4em 1.2em;padding:0} ol.fixes li{margin:.35em 0}
 details{margin:.2em 0 1em} summary{cursor:pointer;color:#37474f;font-weight:600}
 .charts figure{margin:1.4em 0} figcaption{font-weight:700;font-size:1.05em;margin:0 0 .3em}
-svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
+svg{max-width:100%;height:auto} pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em;
+white-space:pre-wrap;overflow-wrap:anywhere}
 .jp-InputPrompt,.jp-OutputPrompt{display:none} .jp-RenderedHTMLCommon table{width:auto}
 @page{size:A4;margin:16mm 14mm}
 @media print{
