@@ -465,3 +465,25 @@ def test_chapter_in_jupyterlab(chapter, lab, chromium, tmp_path):
     finally:
         lab.shutdown_kernels()          # free the two cores for the next chapter
         page.close()
+
+
+def test_the_readmes_report_picture_command(tmp_path):
+    """README: ``tools/report_screenshot.py reports/<project>/index.html docs/report.png`` regenerates the
+    picture from today's report; here on a plan-only report, with its bad input refused (exit 2)."""
+    import struct
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLE, REPO
+
+    assert run_cli("audit", EXAMPLE, "--plan-only", "--out", tmp_path / "r").returncode == 0
+    tool = [sys.executable, str(REPO / "tools" / "report_screenshot.py")]
+    done = subprocess.run([*tool, tmp_path / "r" / "index.html", tmp_path / "report.png"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    head = (tmp_path / "report.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (1400, 1100)   # width, height
+    bad = subprocess.run([*tool, tmp_path / "nothing.html", tmp_path / "x.png"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "make report" in bad.stderr and not (tmp_path / "x.png").exists()
+    readme = (REPO / "README.md").read_text()
+    assert "tools/report_screenshot.py reports/llm-7b-pretrain/index.html docs/report.png" in readme
