@@ -131,8 +131,10 @@ def test_recorded_sweep_and_overlap_findings():
 def test_overlap_table_units():
     t = C.overlap_table(_measured("overlap-real").results["rows"])
     assert {"configuration", "step (ms)", "MB per step per rank", "loss vs fp32 (rel.)"} <= set(t.columns)
-    bf = t[t["configuration"] == "ddp_bf16_hook"].iloc[0]
-    fp = t[t["configuration"] == "ddp_bucket_default"].iloc[0]
+    from preflight.bench.overlap import CONFIG_LABELS
+
+    bf = t[t["configuration"] == CONFIG_LABELS["ddp_bf16_hook"]].iloc[0]           # named in words on the page
+    fp = t[t["configuration"] == CONFIG_LABELS["ddp_bucket_default"]].iloc[0]
     assert bf["MB per step per rank"] == pytest.approx(fp["MB per step per rank"] / 2)
 
 

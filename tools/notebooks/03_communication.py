@@ -263,8 +263,8 @@ for run in (emulated, real):
         ch.show(f"overlap_{run.results['mode']}", charts.bars(t, "step (ms)", "configuration",
                                                                title=f"Step time per configuration ({label})"))
 if emulated or real:
-    ch.note("Reading the tables: `compute_only` trains each rank alone (no gradient averaging), so its loss "
-            "differs from the data-parallel ones; `ddp_no_sync_k4` updates once per 4 micro-batches, a "
+    ch.note("Reading the tables: compute only trains each rank alone (no gradient averaging), so its loss "
+            "differs from the data-parallel ones; no_sync over 4 micro-batches updates once per 4, a "
             "different schedule, so its loss differs by design. Only bf16/fp16/PowerSGD change the numerics of "
             "the same schedule. PowerSGD sends ~100x fewer bytes but costs compute (low-rank products) and three "
             "all-reduces per bucket: on a CPU over loopback that is slower; it pays on slow inter-node links. "

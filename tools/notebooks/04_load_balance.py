@@ -93,7 +93,8 @@ if padm:
     rows = pd.DataFrame(padm.results["rows"])
     print(padm.source, "-", ", ".join(f"{k}={v}" for k, v in padm.results["config"].items()
                                       if isinstance(v, (int, float, str))))
-    shown = pd.DataFrame({"strategy": rows["strategy"], "real tokens": rows["real_tokens"],
+    shown = pd.DataFrame({"strategy": rows["strategy"].map(lambda s: bench_padding.STRATEGY_LABELS.get(s, s)),
+                          "real tokens": rows["real_tokens"],
                           "padding tokens": rows["padded_tokens"], "waste": rows["waste"].map("{:.1%}".format),
                           "epoch (s)": rows["epoch_s"].round(3),
                           "useful tokens/s": rows["useful_tokens_per_s"].round(0).astype(int)})

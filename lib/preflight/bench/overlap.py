@@ -55,6 +55,12 @@ CONFIGS = ("compute_only", "manual_allreduce", "ddp_bucket_small", "ddp_bucket_d
 NUMERICS = {"compute_only": "local gradients, no averaging", "ddp_fp16_hook": "fp16 gradients",
             "ddp_bf16_hook": "bf16 gradients", "ddp_powersgd": "PowerSGD rank 2 + error feedback",
             "ddp_no_sync_k4": "4 micro-batches per update"}          # the rest: fp32 average
+# How a page names each configuration (tables, charts); the keys stay in the records.
+CONFIG_LABELS = {"compute_only": "compute only (no communication)", "manual_allreduce": "all-reduce after backward",
+                 "ddp_bucket_small": "DDP, 1 MB buckets", "ddp_bucket_default": "DDP, 25 MB buckets (default)",
+                 "ddp_bucket_huge": "DDP, one bucket (no overlap)", "ddp_fp16_hook": "DDP + fp16 compression hook",
+                 "ddp_bf16_hook": "DDP + bf16 compression hook", "ddp_powersgd": "DDP + PowerSGD (rank 2)",
+                 "ddp_no_sync_k4": "DDP, no_sync over 4 micro-batches"}
 POWERSGD_RANK, POWERSGD_START, ACCUM_K = 2, 10, 4
 ROUNDS = 4
 WARMUP = POWERSGD_START + 2          # every configuration, so that PowerSGD compresses when timed

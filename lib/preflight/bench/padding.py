@@ -41,6 +41,8 @@ from preflight.core.timing import synchronize, time_fn
 
 METHOD = Method("padding", 1, required=("rows", "config"))
 STRATEGIES = ("pad_dataset", "pad_batch", "bucketing")
+STRATEGY_LABELS = {"pad_dataset": "pad to the longest in the dataset", "pad_batch": "pad to the longest in each batch",
+                   "bucketing": "length bucketing"}          # how a page names them
 VOCAB = 256
 
 # Log-normal length distributions (median, sigma, max_len) per device kind.

@@ -208,7 +208,10 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
 def overlap_table(rows: list[dict]) -> pd.DataFrame:
     """The overlap run's rows as a table in ms and MB."""
     df = pd.DataFrame(rows)
-    out = pd.DataFrame({"configuration": df["config"], "step (ms)": df["step_s"] * 1e3,
+    from preflight.bench.overlap import CONFIG_LABELS
+
+    out = pd.DataFrame({"configuration": df["config"].map(lambda c: CONFIG_LABELS.get(c, c)),
+                        "step (ms)": df["step_s"] * 1e3,
                         "exposed comm (ms)": df["exposed_comm_s"] * 1e3,
                         "MB per step per rank": df["bytes_per_step_per_rank"] / 1e6,
                         "saving vs no overlap (ms)": df["saving_vs_no_overlap_s"] * 1e3})
