@@ -70,3 +70,12 @@ def test_padding_waste_judges_the_plans_own_batching(batching, verdict):
     C4.add_plan_findings(sink, p)
     f = next(x for x in sink.findings if x.id == "load_balance/padding_waste")
     assert f.verdict == verdict and f"data.batching = {batching}" in f.message
+
+
+def test_a_ddp_plan_is_never_told_to_use_tensor_or_pipeline_parallelism():
+    """Plain DDP replicates the whole model: the cheapest fix is another wrapper (FSDP2) or recompute, not tp."""
+    p = _example(training={"framework": "ddp", "zero_stage": 0})
+    sink = FindingSink()
+    MP.add_plan_findings(sink, p)
+    fix = next(x for x in sink.findings if x.id == "baseline/memory_fits").fix
+    assert "tp=" not in fix and "pp=" not in fix and "FSDP2 full sharding" in fix

@@ -42,6 +42,15 @@ def _candidates(p: Plan, gpus_per_node: int, gpus: int) -> list[tuple]:
                   f"attention's forward again, 4 L h s / (6 N + 12 L h s) = {extra:.1%} more FLOPs "
                   "(FlashAttention keeps no scores at all: model.attention flash)",
                   lambda q: replace(q, recompute="selective")))
+    if p.framework == "ddp":      # plain DDP replicates the model: no tp or pp; sharding means another wrapper
+        if p.dp * p.cp > 1:
+            c.append(("zero", 5, "FSDP2 full sharding (framework fsdp2, ZeRO-3)", "+50 % data-parallel traffic: "
+                      "weights all-gathered in forward and backward (Rajbhandari sec. 7.2.2); fp32 sharded states",
+                      lambda q: replace(q, framework="fsdp2", zero_stage=3, bucket_view=False)))
+        if p.recompute != "full":
+            c.append(("rc", 7, "full recompute", "+33 % compute (one extra forward); measured +39 % per layer "
+                      "(Korthikanti Table 4)", lambda q: replace(q, recompute="full")))
+        return c
     for i, t in enumerate(x for x in _pow2_multiples(p.tp, gpus_per_node) if p.kv % x == 0):
         c.append(("tp", 4 + i / 10, f"tp={t}", "tensor-parallel all-reduces inside the node every "
                   "layer, smaller GEMMs; dp shrinks", lambda q, t=t: _regrid(q, gpus, tp=t)))
