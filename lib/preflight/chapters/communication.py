@@ -110,7 +110,7 @@ def cp_exchange(profile: Profile, seq_len: int | None = None, cp: int | None = N
     if not peak:
         return None
     rate = peak * 1e12 * throughput.gemm_efficiency(gpu, m.hidden, t.micro_batch_size * s // k)
-    link = throughput._neighbour_link(throughput.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node,
+    link = throughput.neighbour_link(throughput.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node,
                                                          intra_node_GBps=c.intra_node_GBps,
                                                          inter_node_Gbps=c.inter_node_Gbps,
                                                          nics_per_node=profile.nics_per_node), t.tp * k)

@@ -219,7 +219,7 @@ def recompute_factor(recompute: str, params: float, layers: int, hidden: int, se
     return 1.0 + extra / f
 
 
-def _neighbour_link(cluster: Cluster, span: int) -> tuple[float, float]:
+def neighbour_link(cluster: Cluster, span: int) -> tuple[float, float]:
     """(GB/s, latency) between neighbours ``span`` ranks apart in rank order: NVLink inside a node, else the
     GPU's share of the node's NICs."""
     if span <= cluster.gpus_per_node:
@@ -259,7 +259,7 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         tp_exposed_layer = max(0.0, tp_layer - GEMM_SHARE * (t_fwd + t_bwd)) if overlap.tp_comm else tp_layer
 
     cp_x = CP.exchange(b, s, h, model.heads or max(1, h // 128), model.kv_heads or model.heads or max(1, h // 128),
-                       tp, cp, *_neighbour_link(cluster, tp * cp), rate, causal=model.causal_flash)
+                       tp, cp, *neighbour_link(cluster, tp * cp), rate, causal=model.causal_flash)
 
     # data parallelism: the weights' replicas are dp x cp ranks (CP ranks hold the same weights); the
     # rail-aware bandwidth and per-hop latency of that group
