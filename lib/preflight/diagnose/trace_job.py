@@ -101,6 +101,9 @@ def read_job(folder: str | Path, jobs: int | None = None, use_cache: bool = True
     folder = Path(folder)
     if not folder.is_dir():
         raise TraceError(f"{folder}: no such folder (the traces folder: torch.profiler's output, one file per rank)")
+    from preflight.diagnose import nsys_job            # Nsight Systems exports (*.sqlite): their own reader
+    if nsys_job.has_exports(folder):
+        return nsys_job.read_job(folder, use_cache)
     files = find_traces(folder)
     summaries = sorted(p for p in folder.rglob(f"*{SUMMARY_SUFFIX}") if p.is_file())
     if not files and not summaries:
