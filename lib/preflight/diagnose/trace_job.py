@@ -101,7 +101,8 @@ def read_job(folder: str | Path, jobs: int | None = None, use_cache: bool = True
     folder = Path(folder)
     if not folder.is_dir():
         raise TraceError(f"{folder}: no such folder (the traces folder: torch.profiler's output, one file per rank)")
-    from preflight.diagnose import nsys_job            # Nsight Systems exports (*.sqlite): their own reader
+    # Nsight Systems exports (*.sqlite): their own reader (preflight.diagnose.nsys_job)
+    from preflight.diagnose import nsys_job
     if nsys_job.has_exports(folder):
         return nsys_job.read_job(folder, use_cache)
     files = find_traces(folder)
