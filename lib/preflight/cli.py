@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                                    "where they are: slurm/trace_summaries.sbatch)")
     t.add_argument("--out", metavar="DIR", help="with --summarize: the folder for <name>.summary.json")
 
+    h = sub.add_parser("hang", help="which rank hung the job, and at which collective: every rank's Flight Recorder dump")
+    h.add_argument("dir", metavar="DIR", help="folder of the job's dumps, one <prefix><rank> file per rank (_dump_0, ...)")
+    h.add_argument("--json", action="store_true", help="print the groups, where the job stopped and the suspects as JSON")
+    h.add_argument("--svg", metavar="FILE", help="also draw ranks x process groups, how far each rank got, into FILE")
+
     v = sub.add_parser("validate", help="check a profile and print it with defaults filled in")
     v.add_argument("profile")
 
@@ -295,6 +300,15 @@ def cmd_traces(args) -> int:
         _die("traces: give the folder of the job's traces (DIR), or --summarize TRACE --out DIR")
     if args.out:
         _die("traces DIR: --out goes with --summarize only")
+    from preflight.runner import stragglers as straggler_trace
+
+    if straggler_trace.is_per_op_folder(args.dir):     # a Parquet per-op trace + meta: the straggler what-if
+        from preflight.diagnose.stragglers_trace import StragglerTraceError
+
+        try:
+            return straggler_trace.run(args.dir, args.json, args.fail_on)
+        except StragglerTraceError as err:
+            _die(str(err))
     from preflight.chapters.traces import audit_traces
     from preflight.runner import traces as R
 
@@ -305,6 +319,30 @@ def cmd_traces(args) -> int:
     findings = R.by_chapter(a)
     print(R.as_json(a, findings, args.fail_on) if args.json else R.text_report(a, findings), end="\n" if args.json else "")
     return R.gate(findings, args.fail_on)
+
+
+def cmd_hang(args) -> int:
+    from preflight.diagnose.flight_recorder import analyse_folder
+    from preflight.diagnose.flight_recorder_dump import DumpError
+    from preflight.runner import hang
+
+    svg = Path(args.svg) if args.svg else None
+    if svg is not None and (svg.is_dir() or not svg.parent.is_dir()):
+        _die(f"--svg = {args.svg!r}: " + ("is a folder" if svg.is_dir() else "its folder does not exist"))
+    try:
+        a = analyse_folder(args.dir)
+    except DumpError as err:
+        _die(str(err))
+    print(hang.as_json(a) if args.json else hang.text_report(a), end="\n" if args.json else "")
+    if svg is not None:
+        from preflight.core.fsutil import atomic_write_text
+        from preflight.reporting.charts import to_svg
+        from preflight.reporting.hang_charts import progress_grid
+
+        atomic_write_text(svg, to_svg(progress_grid(a)))
+        if not args.json:
+            print(f"picture: {svg.resolve()}")
+    return 0
 
 
 def cmd_validate(args) -> int:
@@ -405,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extra)}{_unknown_options_hint(extra, sub, parser)}")
     try:
         return {"audit": cmd_audit, "check": cmd_check, "advise": cmd_advise, "traces": cmd_traces,
-                "validate": cmd_validate, "chips": cmd_chips,
+                "hang": cmd_hang, "validate": cmd_validate, "chips": cmd_chips,
                 "shards": cmd_shards,
                 "compare": cmd_compare}[args.command](args)
     except BrokenPipeError:     # `preflight compare A B | head`: the reader left early, not an error

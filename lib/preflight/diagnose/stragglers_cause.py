@@ -1,0 +1,172 @@
+"""Why the stragglers straggle: one what-if per cause, each removing one kind of variation.
+
+The replay (:mod:`preflight.diagnose.stragglers_replay`) says what the stragglers cost; this module says
+which of three causes the loss comes from, by replaying the job with that cause taken away and measuring
+the share of the loss ``T - T_ideal`` it wins back. Each works on the forward and backward computes,
+where all three causes live, with per-worker means ``m_w`` (per op type, over steps and microbatches),
+per-stage typical ``m_s`` (the median of its workers' means: one slow worker does not move it) and the
+job's typical ``m_g`` (the mean of the stages'):
+
+- **a slow worker** (a GPU with low clocks, a bad link, a noisy neighbour): scale each worker's computes
+  by ``m_s / m_w``, every worker at its stage's pace. The paper's own measure M_W (set the slowest 3 %
+  of workers, at least one, to typical durations) catches a worker slow in communication too; the larger
+  of the two is the cause's share.
+- **stage imbalance** (a pipeline partition that gives one stage more layers, or the loss and embedding
+  on the last stage): scale each stage's computes by ``m_g / m_s``.
+- **sequence-length imbalance** (microbatches of unequal token counts, attention quadratic in length):
+  every microbatch at its worker's mean. Evidence that it is the sequences and not jitter: a long
+  microbatch is long both ways, so the forward and backward durations of the same microbatch correlate
+  (``fwd_bwd_correlation``); below 0.5 the variation is called jitter instead.
+
+A cause is named when the job straggles (S above :data:`NAMED_FROM`) and its what-if wins back at least
+:data:`SHARE` of the loss; shares can add up to more than 1 (causes overlap) or exceed 1 alone (fixing
+the heavy stage beats the average the ideal assumed).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from preflight.diagnose.stragglers_replay import WhatIf
+from preflight.diagnose.stragglers_trace import COMPUTE
+
+NAMED_FROM = 1.05      # S at or below this: nothing straggles worth naming
+SHARE = 0.3            # a cause wins back at least this share of the loss
+CORRELATED = 0.5       # forward/backward correlation of the same microbatch: the sequences, not jitter
+TOP_WORKERS = 0.03     # M_W: the slowest 3 % of workers (at least one)
+
+
+def worker_means(w: WhatIf) -> dict[str, np.ndarray]:
+    """Per compute type: the mean work of each op's worker, ``[op, 1, dp]`` (broadcast over steps)."""
+    out = {}
+    for t in COMPUTE:
+        rows = w.optype == t
+        m = np.zeros((len(w.tr.ops), 1, w.tr.meta.dp_size))
+        for s in range(w.tr.meta.pp_size):
+            here = rows & (w.stage == s)
+            if here.any():
+                m[here] = w.work[here].mean(axis=(0, 1))[None, None, :]
+        out[t] = m
+    return out
+
+
+def _scaled(w: WhatIf, factor_of) -> np.ndarray:
+    work = w.work.copy()
+    for t, m in worker_means(w).items():
+        rows = w.optype == t
+        work[rows] *= factor_of(t, m[rows])
+    return work
+
+
+def stage_typical(m: np.ndarray) -> np.ndarray:
+    return np.median(m, axis=2, keepdims=True)
+
+
+def fwd_bwd_correlation(w: WhatIf) -> float | None:
+    """Pearson correlation of the forward and backward durations of the same microbatch, each taken from
+    its worker's mean (so a slow worker or a heavy stage does not count). None without variation."""
+    f, b = [], []
+    means = worker_means(w)
+    for s in range(w.tr.meta.pp_size):
+        rows = {t: np.flatnonzero((w.optype == t) & (w.stage == s)) for t in COMPUTE}
+        by_seq = {t: sorted(rows[t], key=lambda i: w.tr.ops[i][2]) for t in COMPUTE}
+        if len(by_seq[COMPUTE[0]]) != len(by_seq[COMPUTE[1]]):
+            continue
+        for t, out in zip(COMPUTE, (f, b)):
+            ix = by_seq[t]
+            out.append((w.work[ix] - means[t][ix]).ravel())
+    if not f:
+        return None
+    f, b = np.concatenate(f), np.concatenate(b)
+    if f.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(f, b)[0, 1])
+
+
+def causes(w: WhatIf, by_worker: list[dict]) -> dict:
+    """The three what-ifs, M_W and M_S, and the causes named (largest share first)."""
+    meta = w.tr.meta
+    worker_share = w.recovered(_scaled(w, lambda t, m: np.divide(stage_typical(m), m, out=np.ones_like(m), where=m > 0)))
+
+    def stage_factor(t, m):
+        ms = stage_typical(m)
+        rows = w.optype == t
+        per_stage = {s: float(ms[w.stage[rows] == s].mean()) for s in np.unique(w.stage[rows])}
+        mg = float(np.mean(list(per_stage.values())))
+        return np.divide(mg, ms, out=np.ones_like(ms), where=ms > 0)
+
+    stage_share = w.recovered(_scaled(w, stage_factor))
+    seq_work = w.work.copy()
+    for t, m in worker_means(w).items():
+        rows = w.optype == t
+        seq_work[rows] = np.broadcast_to(m[rows], seq_work[rows].shape)
+    seq_share = w.recovered(seq_work)
+    corr = fwd_bwd_correlation(w)
+
+    n_top = max(1, math.ceil(len(by_worker) * TOP_WORKERS))
+    top = sorted(by_worker, key=lambda r: -r["slowdown_alone"])[:n_top]
+    mask = np.zeros((len(w.tr.ops), 1, meta.dp_size), dtype=bool)
+    for r in top:
+        mask |= w.mask(stage=r["stage"], dp=r["dp_rank"])
+    m_w = w.fixed(mask)
+    m_s = w.fixed(w.mask(stage=meta.pp_size - 1))
+
+    heavy = _stage_load(w)
+    slow = [r for r in sorted(by_worker, key=lambda r: -r["slowdown_alone"]) if r["compute_vs_stage"] >= 1.05]
+    named = []
+    if w.slowdown > NAMED_FROM:
+        share = max(x for x in (worker_share, m_w) if x is not None) if (worker_share, m_w) != (None, None) else None
+        if share is not None and share >= SHARE:
+            who = slow[:3] or top
+            named.append({"cause": "slow worker", "share": share, "where": [
+                f"rank {r['rank']} = dp {r['dp_rank']}, stage {r['stage']}, computing {r['compute_vs_stage']:.2f}x its "
+                f"stage's typical worker" for r in who],
+                "fix": f"Drain the node of rank {', '.join(str(r['rank']) for r in who)} and run its GPU health checks "
+                       "(DCGM diagnostics, clocks and throttle reasons, PCIe/NVLink errors), then restart from the last "
+                       "checkpoint on a spare node; exclude the node in Slurm until it passes."})
+        if stage_share is not None and stage_share >= SHARE:
+            s, load = heavy[0]
+            named.append({"cause": "stage imbalance", "share": stage_share, "where": [
+                f"stage {s}: {load:.2f}x the mean stage's compute per microbatch"],
+                "fix": f"Repartition the pipeline: move layers off stage {s} (it computes {load:.2f}x the mean stage "
+                       "per microbatch; count the loss and embedding as layers of the first and last stage, e.g. "
+                       "Megatron's --decoder-first/last-pipeline-num-layers) until every stage computes within 5 % of the mean."})
+        if seq_share is not None and seq_share >= SHARE and corr is not None and corr >= CORRELATED:
+            named.append({"cause": "sequence-length imbalance", "share": seq_share, "where": [
+                f"microbatches vary on every worker; forward and backward of the same microbatch correlate "
+                f"({corr:.2f})"],
+                "fix": "Balance tokens, not sequences: pack sequences to a fixed token budget per microbatch and "
+                       "bucket by length so every dp rank and microbatch gets similar attention work."})
+    named.sort(key=lambda c: -c["share"])
+    return {"named": named, "worker_share": worker_share, "stage_share": stage_share, "sequence_share": seq_share,
+            "fwd_bwd_correlation": corr, "m_w": m_w, "m_s": m_s, "m_w_workers": [r["rank"] for r in top],
+            "stage_load": {int(s): load for s, load in heavy}}
+
+
+def _stage_load(w: WhatIf) -> list[tuple[int, float]]:
+    """Each stage's typical forward + backward compute per microbatch over the mean stage's, heaviest first."""
+    means = worker_means(w)
+    per = {}
+    for s in range(w.tr.meta.pp_size):
+        total = 0.0
+        for t in COMPUTE:
+            rows = (w.optype == t) & (w.stage == s)
+            if rows.any():
+                total += float(np.median(means[t][rows][0]))
+        per[s] = total
+    mean = np.mean(list(per.values()))
+    return sorted(((s, v / mean if mean > 0 else 1.0) for s, v in per.items()), key=lambda x: -x[1])
+
+
+def compute_vs_stage(w: WhatIf, stage: int, dp: int) -> float:
+    """A worker's forward + backward compute per microbatch over its stage's typical worker's."""
+    means = worker_means(w)
+    mine = typical = 0.0
+    for t in COMPUTE:
+        rows = (w.optype == t) & (w.stage == stage)
+        if rows.any():
+            m = means[t][rows][0, 0]
+            mine += float(m[dp])
+            typical += float(np.median(m))
+    return mine / typical if typical > 0 else 1.0
