@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 from preflight.core.fsutil import atomic_write_text
-from preflight.diagnose.nsys_file import REPORT_SUFFIXES, SUFFIX, export_command, read_export
+from preflight.diagnose.nsys_file import read_export
+from preflight.diagnose.nsys_tables import REPORT_SUFFIXES, SUFFIX, export_command
 from preflight.diagnose.trace_file import TraceError, find_traces, rank_from_name
 from preflight.diagnose.trace_job import SUMMARY_SUFFIX, _assemble, cache_dir
 from preflight.diagnose.trace_rank import SUMMARY_VERSION, summarize
