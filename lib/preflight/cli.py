@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("traces", help="the five verdicts from a job's torch.profiler traces, one or more per rank")
     t.add_argument("dir", metavar="DIR", nargs="?", help="folder of the job's traces (*.json, *.json.gz) or their "
-                                                        "per-rank *.summary.json")
+                                                        "per-rank *.summary.json, or Nsight Systems exports "
+                                                        "(*.sqlite from nsys export --type sqlite; one rank per GPU)")
     t.add_argument("--json", action="store_true", help="print the quality table, per-rank figures and findings as JSON")
     t.add_argument("--fail-on", choices=["warn", "fail"], help="exit 1 if any verdict reaches this level")
     t.add_argument("--gpu", metavar="KEY", help="the chip's key in the hardware table (python -m preflight chips), "
