@@ -4,13 +4,16 @@ The replay (:mod:`preflight.diagnose.stragglers_replay`) says what the straggler
 which of three causes the loss comes from, by replaying the job with that cause taken away and measuring
 the share of the loss ``T - T_ideal`` it wins back. Each works on the forward and backward computes,
 where all three causes live, with per-worker means ``m_w`` (per op type, over steps and microbatches),
-per-stage typical ``m_s`` (the median of its workers' means: one slow worker does not move it) and the
-job's typical ``m_g`` (the mean of the stages'):
+each stage's pace ``m_s`` (its fastest worker's mean: a worker can be slower than its stage's work needs,
+not faster, so slow workers, however many, do not move it) and the job's typical ``m_g`` (the mean of the
+stages'):
 
-- **a slow worker** (a GPU with low clocks, a bad link, a noisy neighbour): scale each worker's computes
-  by ``m_s / m_w``, every worker at its stage's pace. The paper's own measure M_W (set the slowest 3 %
-  of workers, at least one, to typical durations) catches a worker slow in communication too; the larger
-  of the two is the cause's share.
+- **a slow worker** (a GPU with low clocks, a bad link, a noisy neighbour): each worker's compute per
+  step over its stage's fastest worker's in that step; its *persistent* factor is that ratio in its good
+  steps (the 20th percentile over steps: slow in four steps of five). Sequences of unequal length make a
+  worker slow in some steps, not in nearly all. The what-if divides each worker's computes by its factor.
+  The paper's own measure M_W (set the slowest 3 % of workers, at least one, to typical durations)
+  catches a worker slow in communication too; the cause is named from either.
 - **stage imbalance** (a pipeline partition that gives one stage more layers, or the loss and embedding
   on the last stage): scale each stage's computes by ``m_g / m_s``.
 - **sequence-length imbalance** (microbatches of unequal token counts, attention quadratic in length):
@@ -35,6 +38,7 @@ NAMED_FROM = 1.05      # S at or below this: nothing straggles worth naming
 SHARE = 0.3            # a cause wins back at least this share of the loss
 CORRELATED = 0.5       # forward/backward correlation of the same microbatch: the sequences, not jitter
 TOP_WORKERS = 0.03     # M_W: the slowest 3 % of workers (at least one)
+M_W_NAMES = 0.5        # M_W alone names a slow worker from half the loss (the paper: "large, ~100 %")
 
 
 def worker_means(w: WhatIf) -> dict[str, np.ndarray]:
@@ -60,7 +64,33 @@ def _scaled(w: WhatIf, factor_of) -> np.ndarray:
 
 
 def stage_typical(m: np.ndarray) -> np.ndarray:
-    return np.median(m, axis=2, keepdims=True)
+    """A stage's pace from its workers' means ``[op, 1, dp]``: the fastest worker's."""
+    return m.min(axis=2, keepdims=True)
+
+
+def persistent_factor(w: WhatIf) -> np.ndarray:
+    """``[stage, dp]``: how much slower than its stage's fastest worker a worker computes in four steps of
+    five (1.0: not persistently slow)."""
+    pp, dp = w.tr.meta.pp_size, w.tr.meta.dp_size
+    out = np.ones((pp, dp))
+    comp = np.isin(w.optype, COMPUTE)
+    for s in range(pp):
+        rows = comp & (w.stage == s)
+        if rows.any():
+            per_step = w.work[rows].sum(axis=0)                       # [step, dp]
+            fastest = per_step.min(axis=1, keepdims=True)
+            ratio = np.divide(per_step, fastest, out=np.ones_like(per_step), where=fastest > 0)
+            out[s] = np.quantile(ratio, 0.2, axis=0)
+    return out
+
+
+def _without_slow_workers(w: WhatIf, factor: np.ndarray) -> np.ndarray:
+    work = w.work.copy()
+    comp = np.isin(w.optype, COMPUTE)
+    for s in range(w.tr.meta.pp_size):
+        rows = comp & (w.stage == s)
+        work[rows] /= factor[s][None, None, :]
+    return work
 
 
 def fwd_bwd_correlation(w: WhatIf) -> float | None:
@@ -87,7 +117,8 @@ def fwd_bwd_correlation(w: WhatIf) -> float | None:
 def causes(w: WhatIf, by_worker: list[dict]) -> dict:
     """The three what-ifs, M_W and M_S, and the causes named (largest share first)."""
     meta = w.tr.meta
-    worker_share = w.recovered(_scaled(w, lambda t, m: np.divide(stage_typical(m), m, out=np.ones_like(m), where=m > 0)))
+    factor = persistent_factor(w)
+    worker_share = w.recovered(_without_slow_workers(w, factor))
 
     def stage_factor(t, m):
         ms = stage_typical(m)
@@ -116,12 +147,12 @@ def causes(w: WhatIf, by_worker: list[dict]) -> dict:
     slow = [r for r in sorted(by_worker, key=lambda r: -r["slowdown_alone"]) if r["compute_vs_stage"] >= 1.05]
     named = []
     if w.slowdown > NAMED_FROM:
-        share = max(x for x in (worker_share, m_w) if x is not None) if (worker_share, m_w) != (None, None) else None
-        if share is not None and share >= SHARE:
+        share = max(worker_share or 0.0, m_w or 0.0)
+        if (worker_share or 0.0) >= SHARE or (m_w or 0.0) >= M_W_NAMES:
             who = slow[:3] or top
             named.append({"cause": "slow worker", "share": share, "where": [
                 f"rank {r['rank']} = dp {r['dp_rank']}, stage {r['stage']}, computing {r['compute_vs_stage']:.2f}x its "
-                f"stage's typical worker" for r in who],
+                f"stage's fastest worker" for r in who],
                 "fix": f"Drain the node of rank {', '.join(str(r['rank']) for r in who)} and run its GPU health checks "
                        "(DCGM diagnostics, clocks and throttle reasons, PCIe/NVLink errors), then restart from the last "
                        "checkpoint on a spare node; exclude the node in Slurm until it passes."})
@@ -153,20 +184,12 @@ def _stage_load(w: WhatIf) -> list[tuple[int, float]]:
         for t in COMPUTE:
             rows = (w.optype == t) & (w.stage == s)
             if rows.any():
-                total += float(np.median(means[t][rows][0]))
+                total += float(means[t][rows][0].min())
         per[s] = total
     mean = np.mean(list(per.values()))
     return sorted(((s, v / mean if mean > 0 else 1.0) for s, v in per.items()), key=lambda x: -x[1])
 
 
 def compute_vs_stage(w: WhatIf, stage: int, dp: int) -> float:
-    """A worker's forward + backward compute per microbatch over its stage's typical worker's."""
-    means = worker_means(w)
-    mine = typical = 0.0
-    for t in COMPUTE:
-        rows = (w.optype == t) & (w.stage == stage)
-        if rows.any():
-            m = means[t][rows][0, 0]
-            mine += float(m[dp])
-            typical += float(np.median(m))
-    return mine / typical if typical > 0 else 1.0
+    """A worker's forward + backward compute per step over its stage's fastest worker's, in four steps of five."""
+    return float(persistent_factor(w)[stage, dp])

@@ -51,6 +51,7 @@ class Meta:
     dsp_size: int
     vpp_size: int
     world_size: int
+    file: str = ""
 
 
 @dataclass
@@ -126,7 +127,7 @@ def read_meta(path: str | Path) -> Meta:
     if vals["vpp_size"] != 1:
         raise StragglerTraceError(f"{path}: vpp_size = {vals['vpp_size']}: interleaved (virtual) pipeline stages are "
                                   "not modelled; accepted: 1")
-    return Meta(trial_name=name, run_id=run_id, **vals)
+    return Meta(trial_name=name, run_id=run_id, **vals, file=path.name)
 
 
 def _columns(path: Path):
@@ -165,8 +166,8 @@ def _check_range(path: Path, name: str, values: np.ndarray, low: float, high: fl
     bad = ~np.isfinite(values) | (values < low) | (values > high) if values.dtype.kind == "f" else \
         (values < low) | (values > high)
     if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise StragglerTraceError(f"{path}: column {name!r}: {int(bad.sum())} value{'s' * (bad.sum() > 1)} out of range "
+        i, n = int(np.flatnonzero(bad)[0]), int(bad.sum())
+        raise StragglerTraceError(f"{path}: column {name!r}: {n} value{'s' * (n > 1)} out of range "
                                   f"(row {i}: {values[i]}); accepted: {low:g} to {high:g} {what}")
 
 
@@ -176,9 +177,9 @@ def read_trace(path: str | Path, meta: Meta) -> OpTrace:
     c = _columns(path)
     _check_range(path, "duration", c["duration"], 0.0, MAX_DURATION_S, "seconds")
     _check_range(path, "start_ts", c["start_ts"], -1e9, 1e12, "seconds")
-    _check_range(path, "dp_rank", c["dp_rank"], 0, meta.dp_size - 1, f"(dp_size = {meta.dp_size} in the meta file)")
-    _check_range(path, "stage", c["stage"], 0, meta.pp_size - 1, f"(pp_size = {meta.pp_size} in the meta file)")
-    _check_range(path, "rank", c["rank"], 0, meta.world_size - 1, f"(world_size = {meta.world_size} in the meta file)")
+    _check_range(path, "dp_rank", c["dp_rank"], 0, meta.dp_size - 1, f"(dp_size = {meta.dp_size} in {meta.file})")
+    _check_range(path, "stage", c["stage"], 0, meta.pp_size - 1, f"(pp_size = {meta.pp_size} in {meta.file})")
+    _check_range(path, "rank", c["rank"], 0, meta.world_size - 1, f"(world_size = {meta.world_size} in {meta.file})")
     _check_range(path, "seq_id", c["seq_id"], 0, 1e9, "(order of the op among its type in the step)")
     _check_range(path, "step", c["step"], 0, 1e15, "")
     unknown = sorted(set(c["optype"]) - set(OPTYPES))
@@ -191,7 +192,7 @@ def read_trace(path: str | Path, meta: Meta) -> OpTrace:
     for name, size in (("dp_rank", meta.dp_size), ("stage", meta.pp_size)):
         seen = np.unique(c[name])
         if len(seen) != size:
-            raise StragglerTraceError(f"{path}: column {name!r} holds {len(seen)} distinct values but the meta file's "
+            raise StragglerTraceError(f"{path}: column {name!r} holds {len(seen)} distinct values but {meta.file} says "
                                       f"{'dp_size' if name == 'dp_rank' else 'pp_size'} = {size}; the what-if needs "
                                       "one worker of every (dp rank, stage)")
     # one global rank per worker, the same in every step
