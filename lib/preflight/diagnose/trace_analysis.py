@@ -59,8 +59,12 @@ def rank_view(s: dict, gpu_key: str | None = None) -> dict:
     dtype = max(fl["by_peak_dtype"], key=fl["by_peak_dtype"].get) if fl["by_peak_dtype"] else None
     peak = hardware.peak_tflops(chip_key, dtype) if chip_key and dtype else None
     tflops = fl["total"] / (g["span_ns"] * 1e-9) / 1e12 if g and fl["total"] else None
-    out |= {"tflops": tflops, "peak_dtype": dtype, "peak_tflops": peak, "mfu": _div(tflops, peak) if tflops else None,
-            "mfu_why": _mfu_why(g, fl, chip_key, s["meta"]["devices"], dtype, peak)}
+    mfu = _div(tflops, peak) if tflops else None
+    why = _mfu_why(g, fl, chip_key, s["meta"]["devices"], dtype, peak)
+    if mfu is not None and mfu > 1:          # more FLOP/s than the chip has: the recorded shapes are not the ops'
+        why, mfu = (f"the recorded shapes give {tflops:.4g} TFLOP/s, above {chip_key}'s {dtype} peak of {peak:.4g}: "
+                    "shapes that are not the ops' (a hand-edited trace?); MFU not judged"), None
+    out |= {"tflops": tflops, "peak_dtype": dtype, "peak_tflops": peak, "mfu": mfu, "mfu_why": why}
     loader = data["loader_ns_per_step"] if data["loader_calls"] else []
     out["loader_ms_per_step"] = statistics.fmean(loader) / 1e6 if loader else None
     out["loader_share"] = _div(statistics.fmean(loader), step_ns) if loader and step_ns else None
@@ -182,6 +186,12 @@ def quality(job: dict) -> list[dict]:
             why.append("no ProfilerStep: no per-step figures (call prof.step() each step)")
         elif s["window"]["steps_in_trace"] == 1:
             why.append("one step: the window is every event (trace 3 or more steps)")
+        elif s["window"]["steps"] == 1:
+            why.append("one step in the window (the last of the trace's two is dropped): per-step figures and the "
+                       "spread rest on a single step (trace 3 or more)")
+        for fld, d in sorted((s.get("dropped") or {}).items()):
+            why.append(f"dropped as malformed: {d['count']} x {d['kind']}, field {fld.split(': ', 1)[-1]} (first: event "
+                       f"#{d['first']}, {d['why']})")
         if s["window"].get("unlaunched_in_window"):
             why.append(f"{s['window']['unlaunched_in_window']} GPU events ran in the window without their launch in the "
                        "trace: left out, as HTA does (the idle share reads higher than the GPU's)")
@@ -191,8 +201,12 @@ def quality(job: dict) -> list[dict]:
             why.append(f"rank from {m.get('rank_source')}, not from distributedInfo")
         if g and not s["comm"]["collectives"] and (job["world_size"] or 1) > 1:
             why.append("no collective kernels in the window")
+        gpu_comm = any(c.get("side") == "gpu" for c in s["comm"]["collectives"])
+        if s["comm"]["collectives"] and not gpu_comm:
+            why.append("CPU-side collectives only (gloo, or no GPU activity): no overlap or exposed communication; "
+                       "their wait across ranks is still read")
         supports = [c for c, ok in (("baseline", bool(g)), ("data_pipeline", bool(s["steps"] or g)),
-                                    ("communication", bool(s["comm"]["collectives"])),
+                                    ("communication", gpu_comm),
                                     ("load_balance", len(job["ranks"]) >= 2)) if ok]
         rows.append({"rank": r, "file": ", ".join(m.get("files") or [m["file"]]), "events": s["events"],
                      "gpu_events": s["window"]["gpu_events"], "steps": s["window"]["steps"],

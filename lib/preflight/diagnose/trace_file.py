@@ -16,8 +16,12 @@ benchmark). **Times are kept in integer nanoseconds.** Kineto writes ``ts`` in m
 decimals (nanosecond clocks); a float64 holds only about a quarter of a microsecond at today's epoch
 times (1.7e15 us), so large numbers are parsed as ``Decimal`` and converted exactly.
 
-Errors a user can act on raise :class:`TraceError` naming the file: not gzip or truncated, not JSON,
-no ``traceEvents``.
+Every kept event is checked first (``preflight.diagnose.trace_validate``): a malformed one is counted
+per field (``RankEvents.dropped``, shown in the trace-quality table), and the file is refused when more
+than ``MALFORMED_LIMIT`` of its GPU and runtime events, or any ``ProfilerStep``, are malformed.
+
+Errors a user can act on raise :class:`TraceError` naming the file (and the event's index and field):
+not gzip or truncated, not JSON, nested too deep, no ``traceEvents``, a bad ``distributedInfo``.
 """
 from __future__ import annotations
 
@@ -31,15 +35,19 @@ from pathlib import Path
 
 import numpy as np
 
+from preflight.diagnose import trace_validate as V
 from preflight.diagnose.trace_kernels import FLOP_OPS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
-# runtime calls that make the host wait for the device (a blocking cudaMemcpy counts: it returns when done)
-SYNC_CALLS = re.compile(r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|MemcpyHtoD)"
-                        r"(_v\d+)?$")
+# runtime calls that make the host wait for the device: the synchronise calls, and the blocking copies
+# (cudaMemcpy, hipMemcpy, hipMemcpyWithStream return when the copy is done). A cudaMemcpyAsync into
+# pageable memory blocks too: it is counted from its GPU copy, ``Memcpy DtoH (Device -> Pageable)``.
+SYNC_CALLS = re.compile(r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|MemcpyHtoD"
+                        r"|MemcpyWithStream|Memcpy2D)(_v\d+)?$")
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE)
 TRACE_SUFFIXES = (".json", ".json.gz")
+MALFORMED_LIMIT = 0.01          # share of GPU + runtime events that may be malformed (dropped, counted)
 
 
 class TraceError(ValueError):
@@ -49,16 +57,18 @@ class TraceError(ValueError):
 @dataclass
 class RankEvents:
     """One file's events, in integer nanoseconds. ``gpu`` and ``runtime`` are numpy columns; the rest
-    are short lists of dicts (steps, loader calls, CPU collectives, FLOP ops)."""
+    are short lists of dicts (steps, loader calls, CPU collectives, FLOP ops). ``dropped``: the
+    malformed events, per field: {field: {count, first (event index), why, kind}}."""
     path: str
     meta: dict
     gpu: dict = field(default_factory=dict)        # ts, dur, stream, corr (int64); name, cat, args (lists)
-    runtime: dict = field(default_factory=dict)    # ts, dur, corr (int64); name (list)
-    steps: list = field(default_factory=list)      # {name, ts, dur}
+    runtime: dict = field(default_factory=dict)    # ts, dur, corr, tid (int64); name (list)
+    steps: list = field(default_factory=list)      # {name, num, ts, dur}
     loader: list = field(default_factory=list)     # {ts, dur}
     cpu_comms: list = field(default_factory=list)  # {name, ts, dur, tid, args}
-    flop_ops: list = field(default_factory=list)   # {name, ts, dims, types, concrete, flops}
+    flop_ops: list = field(default_factory=list)   # {name, ts, dur, tid, dims, types, concrete}
     events: int = 0
+    dropped: dict = field(default_factory=dict)
 
 
 def _num(text: str):
@@ -66,20 +76,7 @@ def _num(text: str):
     return Decimal(text) if text.find(".") >= 10 else float(text)
 
 
-def _ns(v) -> int:
-    """A time in microseconds (int, float or Decimal) -> integer nanoseconds."""
-    if isinstance(v, int):
-        return v * 1000
-    if isinstance(v, Decimal):
-        return int((v * 1000).to_integral_value())
-    return int(round(float(v) * 1000))
-
-
-def _keep(e: dict) -> bool:
-    cat = e.get("cat")
-    if cat in GPU_CATS or cat in RUNTIME_CATS:
-        return True
-    name = e.get("name", "")
+def _keep_cpu(name: str) -> bool:
     return (name.startswith(("ProfilerStep#", "gloo:", "nccl:")) or name == "record_param_comms"
             or ("DataLoader" in name and "__next__" in name) or name in FLOP_OPS)
 
@@ -88,22 +85,71 @@ _GPU_ARGS = ("bytes", "Collective name", "In msg nelems", "Out msg nelems", "Gro
              "Process Group Name", "Seq", "Sequence number")
 
 
+def _time(d: dict) -> tuple[int, int]:
+    if "ts" not in d:
+        raise V.Bad("ts", "missing")
+    return V.ns(d["ts"], "ts", V.MAX_TS_NS), V.ns(d.get("dur", 0), "dur", V.MAX_DUR_NS)
+
+
+def _corr(a: dict) -> int:
+    c = a.get("correlation")
+    return -1 if c is None else V.integer(c, "args.correlation", -1, V.MAX_ID)
+
+
+def _event(d: dict, cat, name, kind: str):
+    """One kept event checked and reduced to a tuple (see ``_hook``); raises ``trace_validate.Bad``."""
+    name = V.text(name, "name")
+    ts, dur = _time(d)
+    a = V.args_of(d)
+    if kind == "G":
+        stream = a["stream"] if a.get("stream") is not None else d.get("tid", -1)
+        return ("G", cat, name, ts, dur, V.stream_id(stream, "args.stream"), _corr(a), V.gpu_args(a, _GPU_ARGS))
+    tid = (V.thread(d.get("pid")), V.thread(d.get("tid")))
+    if kind == "R":
+        return ("R", name, ts, dur, _corr(a), tid)
+    if name.startswith("ProfilerStep#"):
+        return ("C", "step", {"name": name, "num": V.step_number(name), "ts": ts, "dur": dur})
+    if "DataLoader" in name and "__next__" in name:
+        return ("C", "loader", {"ts": ts, "dur": dur})
+    if name.startswith(("gloo:", "nccl:")) or name == "record_param_comms":
+        args = V.gpu_args(a, _GPU_ARGS)
+        if isinstance(a.get("Input Dims"), list):                 # nccl:* annotations: the tensor's size
+            shapes = V.dims(a["Input Dims"])
+            args["annotation_nelems"] = sum(int(np.prod(s)) if s else 0 for s in shapes)
+            types = a.get("Input type")
+            if isinstance(types, list) and types and isinstance(types[0], str):
+                args.setdefault("dtype", types[0])
+        return ("C", "comm", {"name": name, "ts": ts, "dur": dur, "tid": tid, "args": args})
+    return ("C", "flop", {"name": name, "ts": ts, "dur": dur, "tid": tid,
+                          "dims": V.dims(a["Input Dims"]) if a.get("Input Dims") is not None else None,
+                          "types": V.str_list(a["Input type"], "args.Input type") if a.get("Input type") is not None
+                          else None,
+                          "concrete": V.str_list(a["Concrete Inputs"], "args.Concrete Inputs")
+                          if a.get("Concrete Inputs") is not None else None})
+
+
 def _hook(d: dict):
-    """Called for every JSON object, innermost first: drop each event no verdict reads, and hold the many
-    GPU and runtime events as short tuples rather than dicts (most of the memory a big trace takes)."""
+    """Called for every JSON object, innermost first: drop each event no verdict reads, check the others
+    (``trace_validate``) and hold them as short tuples rather than dicts (most of the memory a big trace
+    takes); a malformed one becomes ``("D", field, why, kind)``."""
     ph = d.get("ph")
     if ph is None:                  # args, deviceProperties, distributedInfo, the top level
         return d
-    if ph != "X" or not _keep(d):
+    if ph != "X":
         return None
-    cat = d.get("cat")
-    args = d.get("args") or {}
-    if cat in RUNTIME_CATS:
-        return ("R", d.get("name", ""), d.get("ts"), d.get("dur", 0), args.get("correlation", -1))
+    cat, name = d.get("cat"), d.get("name")
     if cat in GPU_CATS:
-        return ("G", cat, d.get("name", ""), d.get("ts"), d.get("dur", 0), args.get("stream", d.get("tid", -1)),
-                args.get("correlation", -1), {k: args[k] for k in _GPU_ARGS if k in args})
-    return d
+        kind = "G"
+    elif cat in RUNTIME_CATS:
+        kind = "R"
+    elif isinstance(name, str) and _keep_cpu(name) and not (isinstance(cat, str) and cat.startswith("gpu_")):
+        kind = "C"                  # (gpu_user_annotation: GPU-side copies of annotations, not read)
+    else:
+        return None
+    try:
+        return _event(d, cat, name, kind)
+    except V.Bad as b:
+        return ("D", b.field, b.why, "step" if kind == "C" and name.startswith("ProfilerStep#") else kind)
 
 
 def load_json(path: Path, raw: bytes | None = None) -> dict:
@@ -121,6 +167,9 @@ def load_json(path: Path, raw: bytes | None = None) -> dict:
                          "*.json.gz as torch.profiler writes it (a truncated copy?)") from None
     try:
         top = json.loads(raw, object_hook=_hook, parse_float=_num)
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested deeper than the reader follows (Python's recursion limit): "
+                         "not a torch.profiler / Kineto trace") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: not JSON ({str(e)[:120]})") from None
     if not isinstance(top, dict) or not isinstance(top.get("traceEvents"), list):
@@ -128,42 +177,34 @@ def load_json(path: Path, raw: bytes | None = None) -> dict:
     return top
 
 
-def _int(v) -> int:
-    """A stream or correlation id: an int, or -1 where it is not one (ROCm writes streams as "0x0")."""
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return int(v, 16) if isinstance(v, str) and v.startswith("0x") else -1
-
-
-def _trim(*cols) -> None:
-    """Columns appended in step: cut back to the shortest (an event that failed half-way)."""
-    n = min(len(c) for c in cols)
-    for c in cols:
-        del c[n:]
-
-
 def rank_from_name(path: Path) -> int | None:
     """'rank-3.json', 'job_rank3.pt.trace.json.gz', 'reference-rank12...' -> the rank; else None."""
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and len(m.group(1)) <= 7 else None
 
 
 def _meta(path: Path, top: dict) -> dict:
-    info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
-    props = top.get("deviceProperties") if isinstance(top.get("deviceProperties"), list) else []
-    groups = {}
-    for pg in info.get("pg_config") or []:
-        if isinstance(pg, dict) and "pg_name" in pg:
-            groups[str(pg["pg_name"])] = {"size": pg.get("pg_size"), "desc": pg.get("pg_desc"),
-                                          "ranks_head": list(pg.get("ranks") or [])[:8]}
+    try:
+        info = V.distributed(top.get("distributedInfo"), path)
+        devices = V.devices(top.get("deviceProperties"))
+    except V.Bad as b:
+        raise TraceError(f"{path}: {b.field}: {b.why}") from None
     rank = info.get("rank")
-    return {"file": path.name, "path": str(path), "rank": int(rank) if isinstance(rank, int) else None,
-            "rank_source": "distributedInfo" if isinstance(rank, int) else None,
-            "world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-            "backend": info.get("backend"), "nccl_version": info.get("nccl_version"), "groups": groups,
-            "devices": sorted({str(p.get("name")) for p in props if isinstance(p, dict) and p.get("name")}),
-            "display_unit": top.get("displayTimeUnit"), "record_shapes": top.get("record_shapes")}
+    unit = top.get("displayTimeUnit")
+    return {"file": path.name, "path": str(path), "rank": rank,
+            "rank_source": "distributedInfo" if rank is not None else None,
+            "world_size": info.get("world_size"), "backend": info.get("backend"),
+            "nccl_version": info.get("nccl_version"), "groups": info.get("groups", {}), "devices": devices,
+            "display_unit": unit if isinstance(unit, str) else None,
+            "record_shapes": top.get("record_shapes") if isinstance(top.get("record_shapes"), (bool, int)) else None}
+
+
+def _drop(dropped: dict, i: int, fld: str, why: str, kind: str) -> None:
+    d = dropped.setdefault(f"{kind}: {fld}", {"count": 0, "first": i, "why": why, "kind": kind})
+    d["count"] += 1
+
+
+_KIND_WORDS = {"G": "GPU event", "R": "runtime call", "C": "CPU event", "step": "ProfilerStep", "other": "entry"}
 
 
 def read_trace(path: str | Path, raw: bytes | None = None) -> RankEvents:
@@ -175,44 +216,54 @@ def read_trace(path: str | Path, raw: bytes | None = None) -> RankEvents:
     evs = top["traceEvents"]
     out.events = len(evs)
     g_ts, g_dur, g_stream, g_corr, g_name, g_cat, g_args = [], [], [], [], [], [], []
-    r_ts, r_dur, r_corr, r_name = [], [], [], []
-    for e in evs:
+    r_ts, r_dur, r_corr, r_tid, r_name = [], [], [], [], []
+    tids: dict = {}
+    for i, e in enumerate(evs):
         if e is None:
             continue
-        try:
-            if type(e) is tuple:
-                if e[0] == "G":
-                    _, cat, name, ts, dur, stream, corr, args = e
-                    g_ts.append(_ns(ts)), g_dur.append(_ns(dur)), g_stream.append(_int(stream))
-                    g_corr.append(_int(corr)), g_name.append(name), g_cat.append(cat), g_args.append(args)
-                else:
-                    _, name, ts, dur, corr = e
-                    r_ts.append(_ns(ts)), r_dur.append(_ns(dur)), r_corr.append(_int(corr)), r_name.append(name)
-                continue
-            cat, name, args = e.get("cat"), e.get("name", ""), e.get("args") or {}
-            ts, dur = _ns(e["ts"]), _ns(e.get("dur", 0))
-        except (KeyError, TypeError, ValueError, ArithmeticError):
-            _trim(g_ts, g_dur, g_stream, g_corr, g_name, g_cat, g_args)
-            _trim(r_ts, r_dur, r_corr, r_name)
-            continue                                   # an event without a time says nothing we can use
-        if str(cat).startswith("gpu_"):
-            continue                                   # GPU-side copies of annotations (gpu_user_annotation)
-        elif name.startswith("ProfilerStep#"):
-            out.steps.append({"name": name, "ts": ts, "dur": dur})
-        elif "DataLoader" in name:
-            out.loader.append({"ts": ts, "dur": dur})
-        elif name.startswith(("gloo:", "nccl:")) or name == "record_param_comms":
-            out.cpu_comms.append({"name": name, "ts": ts, "dur": dur, "tid": e.get("tid"),
-                                  "args": {k: v for k, v in args.items() if k not in ("Input Dims", "Input type")}})
-        elif name in FLOP_OPS:
-            out.flop_ops.append({"name": name, "ts": ts, "dims": args.get("Input Dims"),
-                                 "types": args.get("Input type"), "concrete": args.get("Concrete Inputs")})
+        if type(e) is not tuple:
+            _drop(out.dropped, i, "traceEvents[i]", f"{type(e).__name__}, not an event object with a 'ph'", "entry")
+            continue
+        k = e[0]
+        if k == "G":
+            _, cat, name, ts, dur, stream, corr, args = e
+            g_ts.append(ts), g_dur.append(dur), g_stream.append(stream), g_corr.append(corr)
+            g_name.append(name), g_cat.append(cat), g_args.append(args)
+        elif k == "R":
+            _, name, ts, dur, corr, tid = e
+            r_ts.append(ts), r_dur.append(dur), r_corr.append(corr), r_name.append(name)
+            r_tid.append(tids.setdefault(tid, len(tids)))
+        elif k == "C":
+            _, kind, d = e
+            if "tid" in d:
+                d["tid"] = tids.setdefault(d["tid"], len(tids))
+            {"step": out.steps, "loader": out.loader, "comm": out.cpu_comms, "flop": out.flop_ops}[kind].append(d)
+        else:
+            _, fld, why, kind = e
+            _drop(out.dropped, i, fld, why, _KIND_WORDS[kind])
+    _refuse_if_damaged(path, out, len(g_ts) + len(r_ts))
     i64 = (lambda xs: np.asarray(xs, dtype=np.int64))
     out.gpu = {"ts": i64(g_ts), "dur": i64(g_dur), "stream": i64(g_stream), "corr": i64(g_corr), "name": g_name,
                "cat": g_cat, "args": g_args}
-    out.runtime = {"ts": i64(r_ts), "dur": i64(r_dur), "corr": i64(r_corr), "name": r_name}
+    out.runtime = {"ts": i64(r_ts), "dur": i64(r_dur), "corr": i64(r_corr), "tid": i64(r_tid), "name": r_name}
     out.steps.sort(key=lambda s: s["ts"])
     return out
+
+
+def _refuse_if_damaged(path: Path, out: RankEvents, kept: int) -> None:
+    """A malformed ProfilerStep (the window rests on the steps), or more than ``MALFORMED_LIMIT`` of the
+    GPU and runtime events malformed (or all of them): the file is refused, naming the first one."""
+    bad = {k: d for k, d in out.dropped.items() if d["kind"] in ("GPU event", "runtime call", "ProfilerStep")}
+    n = sum(d["count"] for d in bad.values())
+    steps = [d for d in bad.values() if d["kind"] == "ProfilerStep"]
+    if not n or (not steps and n <= MALFORMED_LIMIT * (kept + n) and kept):
+        return
+    first = steps[0] if steps else min(bad.values(), key=lambda d: d["first"])
+    fld = next(k for k, d in bad.items() if d is first).split(": ", 1)[1]
+    raise TraceError(f"{path}: event #{first['first']} ({first['kind']}), field {fld}: {first['why']}; "
+                     + ("a ProfilerStep the window rests on is malformed" if steps else
+                        f"{n} of {kept + n} GPU and runtime events are malformed (more than "
+                        f"{MALFORMED_LIMIT:.0%}): the verdicts would not stand") + " (a damaged or hand-edited trace?)")
 
 
 def find_traces(folder: Path) -> list[Path]:
@@ -220,3 +271,4 @@ def find_traces(folder: Path) -> list[Path]:
     sorted; per-rank summaries (``*.summary.json``) are not traces."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
                   and not p.name.endswith(".summary.json") and not p.name.startswith("."))
+

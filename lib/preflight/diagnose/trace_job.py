@@ -31,6 +31,7 @@ from pathlib import Path
 
 from preflight.core.fsutil import atomic_write_text
 from preflight.diagnose.trace_file import TraceError, find_traces, rank_from_name, read_trace
+from preflight.diagnose.trace_identity import check_one_job
 from preflight.diagnose.trace_rank import SUMMARY_VERSION, merge, summarize
 
 SUMMARY_SUFFIX = ".summary.json"
@@ -86,7 +87,40 @@ def read_summary(path: Path) -> dict:
     if not isinstance(s, dict) or s.get("version") != SUMMARY_VERSION or "meta" not in s:
         raise TraceError(f"{path}: not a trace summary of version {SUMMARY_VERSION} (written by another "
                          "Preflight version? summarise the trace again)")
+    why = summary_problem(s)
+    if why:
+        raise TraceError(f"{path}: not a complete trace summary: {why} (summarise the trace again)")
     return s
+
+
+def summary_problem(s: dict) -> str | None:
+    """What is missing or of the wrong type in a summary read from disk (a hand-edited or truncated
+    one), or None: the fields the analysis reads, checked before it reads them."""
+    m = s.get("meta")
+    checks = [(m, dict, "meta"), ((m or {}).get("file") if isinstance(m, dict) else None, str, "meta.file"),
+              (s.get("window"), dict, "window"), (s.get("steps"), list, "steps"), (s.get("data"), dict, "data"),
+              (s.get("comm"), dict, "comm"), (s.get("flops"), dict, "flops")]
+    for v, t, name in checks:
+        if not isinstance(v, t):
+            return f"{name} is {type(v).__name__}, not {t.__name__}"
+    rank, world = m.get("rank"), m.get("world_size")
+    for v, name, hi in ((world, "meta.world_size", 10**6), (rank, "meta.rank", (world or 10**6) - 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi):
+            return f"{name} {v!r} is not an integer in 0..{hi}"
+    if not isinstance(m.get("devices", []), list):
+        return "meta.devices is not a list"
+    g = s.get("gpu")
+    if g is not None and not (isinstance(g, dict) and all(isinstance(g.get(k), int) and g[k] >= 0
+                                                          for k in ("span_ns", "busy_ns", "idle_ns", "comm_ns"))):
+        return "gpu's times are not non-negative integers"
+    colls = s["comm"].get("collectives")
+    for c in colls if isinstance(colls, list) else [None]:
+        if not isinstance(c, dict) or not isinstance(c.get("dur_ns"), int) or c["dur_ns"] < 0:
+            return "comm.collectives holds an entry without a non-negative dur_ns"
+    for st in s["steps"]:
+        if not isinstance(st, dict) or not isinstance(st.get("dur_ns"), int) or st["dur_ns"] < 0:
+            return "steps holds an entry without a non-negative dur_ns"
+    return None
 
 
 def _progress(done: int, total: int) -> None:
@@ -99,6 +133,8 @@ def read_job(folder: str | Path, jobs: int | None = None, use_cache: bool = True
     [{file, why}], world_size, notes}. Raises :class:`TraceError` for an unusable folder (see the
     module's docstring)."""
     folder = Path(folder)
+    if folder.is_file():
+        raise TraceError(f"{folder}: is a file: pass its folder ({folder.parent}); every rank's trace is read from it")
     if not folder.is_dir():
         raise TraceError(f"{folder}: no such folder (the traces folder: torch.profiler's output, one file per rank)")
     # Nsight Systems exports (*.sqlite): their own reader (preflight.diagnose.nsys_job)
@@ -165,7 +201,13 @@ def _assemble(folder: Path, got: list[dict], unreadable: list[dict]) -> dict:
                     seen[n] = p["meta"]["file"]
             notes.append(f"rank {r}: {len(parts)} files of successive steps, summed")
         ranks[r] = merge(parts) if len(parts) > 1 else parts[0]
+    check_one_job(folder, by_rank)
     world = next(iter(sizes), None)
+    beyond = [r for r in by_rank if world and r >= world]
+    if beyond:
+        f = by_rank[beyond[0]][0]["meta"]
+        raise TraceError(f"{f['path']}: rank {beyond[0]} (from {f.get('rank_source')}) is not in a world of size {world} "
+                         f"(0..{world - 1}): a trace of another job?")
     missing = sorted(set(range(world)) - set(ranks)) if world else []
     return {"folder": str(folder), "ranks": ranks, "unreadable": unreadable, "world_size": world,
             "missing": missing, "notes": notes}

@@ -27,7 +27,7 @@ from preflight.diagnose.trace_kernels import (
     short_dtype,
 )
 
-SUMMARY_VERSION = 4
+SUMMARY_VERSION = 5
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
 
 
@@ -86,7 +86,10 @@ def summarize(ev: RankEvents) -> dict:
     seen: dict[tuple, str] = {}
     cls = np.array([seen.get((n, c)) or seen.setdefault((n, c), kernel_class(n, c)) for n, c in zip(names, cats)],
                    dtype=object)
-    out = {"version": SUMMARY_VERSION, "meta": dict(ev.meta), "events": ev.events,
+    meta = dict(ev.meta)
+    meta["start_ns"] = int(ev.steps[0]["ts"]) if ev.steps else (int(g["ts"].min()) if len(g["ts"]) else None)
+    out = {"version": SUMMARY_VERSION, "meta": meta, "events": ev.events, "dropped": dict(ev.dropped),
+           "kernel_names": _kernel_names(g),
            "window": {"basis": w["basis"], "steps": len(w["steps"]), "steps_in_trace": len(ev.steps),
                       "gpu_events": int(m.sum()), "unlaunched_in_window": w["unlaunched"]},
            "steps": [{"name": s["name"], "dur_ns": s["dur"]} for s in w["steps"]],
@@ -97,6 +100,15 @@ def summarize(ev: RankEvents) -> dict:
            "comm": _comm(ts, end, cls, streams, names, args, ev, w),
            "timeline": _timeline(w, ts, end, cls, launch)}
     return out
+
+
+def _kernel_names(g: dict, limit: int = 64) -> list[str]:
+    """The names of the kernels that took the most time (the whole trace): one job's ranks share them."""
+    tot: dict[str, int] = {}
+    for n, c, d in zip(g["name"], g["cat"], g["dur"].tolist()):
+        if c == "kernel":
+            tot[n] = tot.get(n, 0) + d
+    return [n[:160] for n, _ in sorted(tot.items(), key=lambda kv: -kv[1])[:limit]]
 
 
 TIMELINE_INTERVALS = 300          # per lane: enough for a picture, kilobytes in the summary
@@ -205,7 +217,7 @@ def _flops(ev: RankEvents, w) -> dict:
 
 def _data(ev, w, ts, end, names, cats, args, launch) -> dict:
     steps = w["steps"]
-    loader = [sum(c["dur"] for c in ev.loader if s["ts"] <= c["ts"] < s["ts"] + s["dur"]) for s in steps]
+    loader = [_clipped(ev.loader, s["ts"], s["ts"] + s["dur"]) for s in steps]
     if not steps:
         loader = [sum(c["dur"] for c in ev.loader)] if ev.loader else []
     # GPU idle when each step starts: before the first GPU event it launched
@@ -232,6 +244,13 @@ def _data(ev, w, ts, end, names, cats, args, launch) -> dict:
             sync[name] = sync.get(name, 0) + 1
     return {"loader_ns_per_step": loader, "loader_calls": len(ev.loader),
             "step_start_idle_ns": start_idle, "h2d": h2d, "sync_calls": sync}
+
+
+def _clipped(calls: list[dict], lo: int, hi: int) -> int:
+    """Time of the calls that start in [lo, hi), cut at hi, overlapping calls counted once."""
+    s = np.array([c["ts"] for c in calls if lo <= c["ts"] < hi], dtype=np.int64)
+    e = np.array([min(c["ts"] + c["dur"], hi) for c in calls if lo <= c["ts"] < hi], dtype=np.int64)
+    return length(union(s, e))
 
 
 def _coll_bytes(a: dict, kind: str) -> int | None:
@@ -279,7 +298,8 @@ def _comm(ts, end, cls, streams, names, args, ev, w) -> dict:
     return {"by_type": by, "collectives": colls}
 
 
-_DESCRIPTIVE = {"main_stream", "group", "basis", "side", "version", "timeline"}
+_DESCRIPTIVE = {"main_stream", "group", "basis", "side", "version", "timeline", "first", "why", "kind",
+                "kernel_names"}
 
 
 def merge(parts: list[dict]) -> dict:
