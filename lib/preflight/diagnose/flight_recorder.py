@@ -131,22 +131,41 @@ def _waiting(dumps) -> dict[int, tuple[str, int]]:
     return out
 
 
-def _stopped_at(groups, waiting) -> dict | None:
+def _stopped_at(groups, waiting, likely) -> dict | None:
+    """The stuck collective that a likely faulty rank never launched (or, none, one stuck inside: see
+    :func:`inside_roots`) and most ranks wait in first."""
     waits = Counter(waiting.values())
     hung = [g for g in groups if g["stuck"] is not None]
     if not hung:
         return None
-    g = max(hung, key=lambda g: (waits[(g["name"], g["stuck"])], bool(g["not_enqueued"]), len(g["ranks"]),
-                                 -_name_key(g["name"])[1]))
+    roots = inside_roots(groups, waiting)
+    g = max(hung, key=lambda g: (bool(set(g["not_enqueued"]) & set(likely)), g["name"] in roots,
+                                 waits[(g["name"], g["stuck"])],
+                                 bool(g["not_enqueued"]), len(g["ranks"]), -_name_key(g["name"])[1]))
     return {"group": g["name"], "desc": g["desc"], "seq": g["stuck"], **(g["op"] or {"op": None}),
             "waiting": sorted(r for r, w in waiting.items() if w == (g["name"], g["stuck"])),
             "not_enqueued": g["not_enqueued"], "not_completed": g["not_completed"], "no_dump": g["no_dump"]}
 
 
-def _blame(dumps, groups) -> list[dict]:
+def inside_roots(groups, waiting) -> set[str]:
+    """Groups stuck in a collective every member launched and none completed, which no member's wait elsewhere
+    explains: no member waits first in a group where someone never launched. Their members are stuck inside
+    (a GPU or the network stopped), not behind; a member's lag in other groups is not its fault."""
+    missing = {g["name"] for g in groups if g["stuck"] is not None and g["not_enqueued"]}
+    return {g["name"] for g in groups if g["stuck"] is not None and not g["not_enqueued"]
+            and not any(waiting.get(r, ("",))[0] in missing for r in g["ranks"])}
+
+
+def _blame(dumps, groups, waiting) -> list[dict]:
     ahead, behind, spread, lagging = {}, {}, {}, {}
+    roots = inside_roots(groups, waiting)
+    inside = {r for g in groups if g["name"] in roots for r in g["not_completed"]}
     for g in groups:
         st = {int(r): v for r, v in g["status"].items()}
+        if g["no_dump"] or g["unmapped"]:        # launched and waiting with a member we cannot see: maybe for it
+            for r, (enq, comp) in st.items():
+                if enq > comp:
+                    ahead.setdefault(r, []).append(g)
         if len({v[0] for v in st.values()}) > 1:
             low, top = min(v[0] for v in st.values()), max(v[0] for v in st.values())
             for r, (enq, _) in st.items():
@@ -169,7 +188,7 @@ def _blame(dumps, groups) -> list[dict]:
 
     busy = max((len(d.entries) for d in dumps.values()), default=0)
     for r in sorted(behind):
-        if r in ahead:
+        if r in ahead or r in inside:
             continue
         g, enq, top = min(behind[r], key=lambda x: x[1] - x[2])
         every = len(behind[r]) == len(spread[r])
@@ -205,9 +224,9 @@ def analyse(dumps: dict[int, Dump], skipped: list[str] | None = None, folder: st
     status = _status(dumps)
     groups = _groups(dumps, status)
     waiting = _waiting(dumps)
-    stopped = _stopped_at(groups, waiting)
-    suspects = _blame(dumps, groups)
+    suspects = _blame(dumps, groups, waiting)
     likely = sorted(s["rank"] for s in suspects if s["confidence"] != "low")
+    stopped = _stopped_at(groups, waiting, likely)
     world = sorted({r for g in groups for r in g["ranks"]} | set(dumps))
     mapped = Counter(how for d in dumps.values() for how in d.mapping.values())
     return {"folder": folder, "files": {str(r): d.path.name for r, d in dumps.items()}, "skipped": skipped or [],
@@ -216,7 +235,8 @@ def analyse(dumps: dict[int, Dump], skipped: list[str] | None = None, folder: st
             "empty_dumps": [r for r, d in dumps.items() if not d.entries],
             "entries": {str(r): len(d.entries) for r, d in dumps.items()},
             "local_ids_named_by": dict(mapped),
-            "state": "healthy" if stopped is None else "hung" if likely else "hung, not attributed",
+            "state": (("desync" if likely else "healthy") if stopped is None else
+                      "hung" if likely else "hung, not attributed"),
             "stopped_at": stopped, "waiting": {str(r): {"group": g, "seq": s} for r, (g, s) in sorted(waiting.items())},
             "likely_faulty": likely, "suspects": suspects, "groups": groups}
 
@@ -225,3 +245,67 @@ def analyse_folder(folder) -> dict:
     """Read (:func:`read_dumps`, raises ``DumpError``) and analyse a folder of dumps."""
     dumps, skipped = read_dumps(folder)
     return analyse(dumps, skipped, str(folder))
+
+
+def ranks_text(ranks) -> str:
+    """[8, 10, 11, 12, 13, 15] -> '8, 10-13, 15'."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [r]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out) or "none"
+
+
+def where_text(s: dict) -> str:
+    """'group 72 EXPERT_MODEL_PARALLEL_GROUP, collective 44791 (nccl:all_to_all 2048x5120 BFloat16)'."""
+    op = f" ({s['op']} {s['size']} {s['dtype']})" if s.get("op") else " (not in the dumps' buffers)"
+    return f"group {s['group']} {s['desc']}, {'p2p op' if s.get('p2p') else 'collective'} {s['seq']}{op}"
+
+
+def finding_of(a: dict) -> dict:
+    """The finding ``fault_tolerance/hang_attribution`` of an analysis (:func:`analyse`), as
+    ``preflight.core.findings.Finding``'s fields. ``value``: how many ranks are named; the schema's value
+    is a number, so the ranks themselves are ``per_rank``'s keys, each with its confidence (0.9 high, 0.6
+    medium, 0.3 low), and the message names them."""
+    n, s, likely = len(a["files"]), a["stopped_at"], a["likely_faulty"]
+    source = (f"Flight Recorder dumps of {n} rank{'s' * (n != 1)} in {a['folder']} (version {', '.join(a['versions'])})"
+              + (f"; no dump for rank(s) {ranks_text(a['missing_dumps'])}" if a["missing_dumps"] else ""))
+    base = {"id": "fault_tolerance/hang_attribution", "unit": "ranks", "value": float(len(likely)), "source": source,
+            "threshold": "pass: no collective outstanding; warn: hung, no rank named; fail: the ranks that hung it named",
+            "per_rank": {str(x["rank"]): x["score"] for x in a["suspects"]} or None}
+    if s is None and likely:
+        return {**base, "verdict": "fail", "message": f"no collective outstanding, but rank(s) {ranks_text(likely)} "
+                f"called collectives their peers did not: {a['suspects'][0]['reasons'][0]}",
+                "fix": "Make every rank of a group call the same collectives in the same order with the same shapes "
+                       "and dtypes (a rank-dependent branch, or uneven data, skips or adds one)."}
+    if s is None:
+        return {**base, "verdict": "pass", "fix": "Nothing to fix here.",
+                "message": f"no collective outstanding in any of {len(a['groups'])} process groups of {len(a['world'])} "
+                           "ranks: the job was not hung when the dumps were taken"}
+    where = where_text(s)
+    if not likely:
+        return {**base, "verdict": "warn",
+                "message": (f"stopped at {where}: every member launched it and none completed it, no rank is behind: "
+                            "the fault is below the ranks (network, NCCL, a GPU that stopped mid-collective)"),
+                "fix": (f"Check the fabric and the GPUs of group {s['group']}'s ranks {ranks_text(s['not_completed'])} "
+                        "(NCCL_DEBUG=INFO logs, Xid errors in dmesg, ibstat), then restart from the last checkpoint.")}
+    first = next(x for x in a["suspects"] if x["rank"] == likely[0])
+    return {**base, "verdict": "fail",
+            "message": (f"rank{'s' * (len(likely) > 1)} {ranks_text(likely)} hung the job: stopped at {where}, never "
+                        f"launched by {ranks_text(s['not_enqueued'])}, waited in by {ranks_text(s['waiting'])}; "
+                        f"rank {first['rank']} ({first['confidence']} confidence): {first['reasons'][0]}"),
+            "fix": (f"Restart from the last checkpoint without the node(s) of rank{'s' * (len(likely) > 1)} "
+                    f"{ranks_text(likely)}; their logs say why (Xid errors in dmesg or nvidia-smi for a GPU fault, "
+                    "py-spy dump for a Python thread holding the GIL).")}
+
+
+def hang_finding(folder) -> dict:
+    """``fault_tolerance/hang_attribution`` for a folder of dumps (``audit --flight-recorder DIR``):
+    ``Finding(**hang_finding(folder))``. Raises ``DumpError`` (file and field named) for unusable input."""
+    return finding_of(analyse_folder(folder))

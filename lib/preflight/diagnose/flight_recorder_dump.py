@@ -42,11 +42,15 @@ class DumpError(ValueError):
     """A dump folder or file that cannot be analysed; the message names the file and the field."""
 
 
+class _Refused(pickle.UnpicklingError):
+    """The pickle asked for a global."""
+
+
 class _BuiltinsOnly(pickle.Unpickler):
     """Builds builtin values only: every request for a class or function is refused."""
 
     def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"it asks for the global {module}.{name}; a Flight Recorder dump holds builtin "
+        raise _Refused(f"it asks for the global {module}.{name}; a Flight Recorder dump holds builtin "
                                      "values only, so nothing was loaded or run")
 
 
@@ -58,9 +62,9 @@ def load_pickle(path: Path):
     data = path.read_bytes()
     try:
         return _BuiltinsOnly(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as err:
+    except _Refused as err:
         raise DumpError(f"{path}: refused: {err}") from None
-    except (EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError,
+    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError,
             MemoryError, RecursionError, UnicodeDecodeError) as err:
         what = "truncated" if isinstance(err, EOFError) else f"{type(err).__name__}: {err}"
         raise DumpError(f"{path}: not a readable pickle ({what}); a Flight Recorder dump is the pickle "
