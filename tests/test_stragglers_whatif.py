@@ -2,6 +2,7 @@
 StragglerAnalysis on its AR and ST traces (``../shared/stragglers``, Apache-2.0), labelled synthetic
 jobs (healthy, a slow worker, a heavy last stage, long and short sequences, plain jitter) and the bad
 inputs (exit 2, the file named)."""
+import functools
 import json
 import os
 import subprocess
@@ -30,11 +31,16 @@ def _published(name: str) -> tuple[dict, dict, dict]:
 
 # --- the published answers -------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["AR", "ST"])
+@functools.cache
+def _case(name: str) -> tuple:
+    return (name, analyze(SHARED / name), *_published(name))
+
+
+@pytest.fixture(params=["AR", "ST"])
 def case(request):
     if not (SHARED / request.param / f"trace-{request.param}.parquet").is_file():
         pytest.skip("../shared/stragglers (the published traces) is not beside the clone")
-    return request.param, analyze(SHARED / request.param), *_published(request.param)
+    return _case(request.param)
 
 
 def test_published_slowdown_within_2_percent(case):
@@ -63,10 +69,9 @@ def test_published_attribution_by_stage_dp_rank_and_op_type(case):
     assert res["causes"]["m_s"] == pytest.approx(ms["Ms"], abs=0.02)
 
 
-def test_ar_one_slow_worker(case):
-    name, res, *_ = case
-    if name != "AR":
-        pytest.skip("AR only")
+@needs_shared
+def test_ar_one_slow_worker():
+    name, res, *_ = _case("AR")
     named = res["causes"]["named"]
     assert [c["cause"] for c in named] == ["slow worker"]
     assert named[0]["where"][0].startswith("rank 0 = dp 0, stage 0")
@@ -77,10 +82,9 @@ def test_ar_one_slow_worker(case):
     assert "rank 0" in res["finding"]["fix"]
 
 
-def test_st_last_stage_overloaded(case):
-    name, res, *_ = case
-    if name != "ST":
-        pytest.skip("ST only")
+@needs_shared
+def test_st_last_stage_overloaded():
+    name, res, *_ = _case("ST")
     named = res["causes"]["named"]
     assert named[0]["cause"] == "stage imbalance" and named[0]["where"][0].startswith("stage 3:")
     assert "slow worker" not in [c["cause"] for c in named]
