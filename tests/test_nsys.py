@@ -220,10 +220,14 @@ def test_mfu_capture_reproduces_nsys_ai_kernel_and_nccl_figures(tmp_path):
     assert {r: x["comm_ns"] for r, x in g.items()} == {0: 17_172_652, 1: 8_229_100}
     assert all(x["overlap_ns"] == 0 for x in g.values())
     assert {r: x["span_ns"] for r, x in g.items()} == {0: 299_848_812, 1: 298_661_551}
+    # idle counts copies as GPU work: nsys-ai's kernel-only 28.97 + 34.34 ms less the copies between kernels
+    assert {r: x["idle_ns"] for r, x in g.items()} == {0: 26_031_025, 1: 31_385_635}
+    assert {r: x["classes"]["copy"]["ns"] for r, x in g.items()} == {0: 2_954_303, 1: 2_951_192}
     # 64 of 66 SendRecv kernels were launched inside nccl:all_to_all: all-to-all, matched across the two GPUs
     for r in (0, 1):
         assert a["summaries"][r]["comm"]["by_type"]["all_to_all"]["count"] == 32
     assert a["cross"]["wait"]["matched"] == 32 and a["ranks"][0]["wait_share"] > a["ranks"][1]["wait_share"]
+    assert a["cross"]["wait"]["last"] == {0: 10, 1: 22}
     assert f["communication/trace_comm_overlap"].verdict == "fail" and f["communication/trace_exposed_comm"].verdict == "warn"
     assert f["baseline/trace_gpu_idle"].verdict == "warn" and f["baseline/trace_mfu"].verdict == "info"
     q = a["quality"][0]
@@ -238,6 +242,8 @@ def test_h100_capture_two_gpus_busy_copying_and_no_nccl(tmp_path):
     g = {r: s["gpu"] for r, s in a["summaries"].items()}
     assert {r: x["compute_ns"] for r, x in g.items()} == {0: 22_385_163, 1: 22_444_359}       # README: 22.39, 22.44 ms
     assert all(x["classes"]["copy"]["ns"] > 0.9 * x["span_ns"] for x in g.values())           # pinned H2D copies
+    assert {r: (x["span_ns"], x["idle_ns"]) for r, x in g.items()} == {0: (969_447_605, 6_557_358),
+                                                                      1: (969_258_578, 6_447_873)}
     assert all(a["ranks"][r]["compute"] < 0.03 for r in (0, 1))
     assert f["communication/trace_exposed_comm"].verdict == "info"                          # no NCCL in this window
     assert {r: a["summaries"][r]["data"]["sync_calls"] for r in (0, 1)} == {0: {"cudaStreamSynchronize_v3020": 4},
@@ -254,7 +260,9 @@ SEVERITY = {"warning": ("warn", "fail"), "critical": ("fail",)}
 @pytest.mark.parametrize("case", ["healthy_1pct", "mock"])
 def test_nsys_ai_labels_where_they_state_an_answer(tmp_path, case):
     label = json.loads((SHARED / "labels" / f"{case}.json").read_text())
-    _, f = findings_of(folder_of(tmp_path, f"{case}.sqlite"))
+    a, f = findings_of(folder_of(tmp_path, f"{case}.sqlite"))
+    g = a["summaries"][0]["gpu"]
+    assert (g["span_ns"], g["idle_ns"]) == {"healthy_1pct": (403_990_000, 3_990_000), "mock": (22_453_059, 22_447_298)}[case]
     checked = 0
     for rule in label["must_not"]:
         bad = SEVERITY.get(rule.get("min_severity", "warning"))
