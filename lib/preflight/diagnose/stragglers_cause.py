@@ -172,7 +172,7 @@ def causes(w: WhatIf, by_worker: list[dict]) -> dict:
     named.sort(key=lambda c: -c["share"])
     return {"named": named, "worker_share": worker_share, "stage_share": stage_share, "sequence_share": seq_share,
             "fwd_bwd_correlation": corr, "m_w": m_w, "m_s": m_s, "m_w_workers": [r["rank"] for r in top],
-            "stage_load": {int(s): load for s, load in heavy}}
+            "stage_load": {int(s): float(load) for s, load in heavy}}
 
 
 def _stage_load(w: WhatIf) -> list[tuple[int, float]]:

@@ -183,6 +183,9 @@ def read_trace(path: str | Path, meta: Meta) -> OpTrace:
     _check_range(path, "seq_id", c["seq_id"], 0, 1e9, "(order of the op among its type in the step)")
     _check_range(path, "step", c["step"], 0, 1e15, "")
     unknown = sorted(set(c["optype"]) - set(OPTYPES))
+    if "separate-grads-all-reduce" in unknown:
+        raise StragglerTraceError(f"{path}: column 'optype': separate-grads-all-reduce (gradient reduction overlapped "
+                                  "with the backward) is not modelled; accepted: " + ", ".join(OPTYPES))
     if unknown:
         raise StragglerTraceError(f"{path}: column 'optype': unknown operation type {unknown[0]!r}; accepted: "
                                   f"{', '.join(OPTYPES)}")
