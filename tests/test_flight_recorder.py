@@ -129,9 +129,11 @@ class Job:
                             "profiling_name": op, "time_created_ns": 1_700_000_000_000_000_000 + i, "input_sizes": sizes,
                             "input_dtypes": [dt], "output_sizes": sizes, "output_dtypes": [dt], "state": "scheduled",
                             "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": False,
-                            "timeout_ms": 600000, "is_p2p": p2p, "thread_name": "python", "thread_id": "1"})
+                            "timeout_ms": 600000, "is_p2p": p2p, "thread_name": "python", "thread_id": "1",
+                            "frames": [{"name": "forward", "filename": "model.py", "line": 10 + i}]})   # 2.10's stack
         config = {g: {"name": g, "desc": self.groups[g][0], "ranks": str(self.groups[g][1])} for g in self.local[r]}
-        return {"version": "2.9", "nccl_version": "2.27.3", "pg_config": config, "pg_status": status, "entries": entries}
+        return {"version": "2.10", "comm_lib_version": "2.27.3", "pg_config": config, "pg_status": status,
+                "entries": entries}
 
     def write(self, folder, empty=(), drop=()):
         folder.mkdir(parents=True, exist_ok=True)
