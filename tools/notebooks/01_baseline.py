@@ -235,12 +235,12 @@ else:
 # machine's measured step, forward + backward parallel, the rest serial, is printed beside it).
 
 # %%
-ts, tc = B.serial_parallel(prof)
+ts, tc, step_basis = B.chart_step(prof, ch.gpu_key)
 law = ("Gustafson's (weak scaling: baseline/gustafson_speedup_at_target); Amdahl's ceiling is what a fixed "
        "global batch would give" if prof.training.scaling == "weak" else
        "Amdahl's (strong scaling: baseline/amdahl_speedup_at_target)")
-print(f"The profile's step: serial {ts:.3g} s, parallel {tc:.3g} s, Amdahl ceiling {scaling.amdahl_ceiling(ts, tc):.3g}x. "
-      f"The verdict is {law}.")
+print(f"The profile's step: serial {ts:.3g} s, parallel {tc:.3g} s ({step_basis}), Amdahl ceiling "
+      f"{scaling.amdahl_ceiling(ts, tc):.3g}x. The verdict is {law}.")
 ch.show("amdahl", charts.amdahl_chart(ts, tc, n_max=max(1024, prof.gpus), n_mark=prof.gpus, source="the profile's step"))
 from preflight.bench import scaling as bench_scaling
 
@@ -249,7 +249,7 @@ scal = ch.measurement_set(bench_scaling.METHOD, lambda: bench_scaling.measure_st
 stages = bench_scaling.stages_frame(scal.results["records"]) if scal else None
 # recorded stages (your cluster's, --results) replace the model's points on the curve; this machine's do not
 curve_measured = bench_scaling.measured_efficiencies(stages) if scal and scal.origin == "recorded" else None
-curve = B.plan_curve(prof, curve_measured)
+curve = B.plan_curve(prof, curve_measured, ch.gpu_key)
 B.add_plan_findings(ch.findings, prof, curve, ch.gpu_key)
 if base:
     ts_m, tc_m = B.measured_serial_parallel(base.results["composition"])

@@ -80,7 +80,7 @@ ch.announce()
 # the one all-reduce per step starts there.
 
 # %%
-p = C.add_plan_findings(ch.findings, prof)
+p = C.add_plan_findings(ch.findings, prof, ch.gpu_key)
 C.add_topology_finding(ch.findings, prof)
 ch.table(pd.DataFrame([
     {"quantity": "data-parallel ranks D", "value": f"{p['dp']}"},
@@ -98,6 +98,14 @@ ch.table(pd.DataFrame([
     {"quantity": "efficiency: no overlap / full overlap",
      "value": f"{percent(p['efficiency_no_overlap'])} / {percent(p['efficiency_full_overlap'])}"},
 ]))
+# The verdicts read the one step model (preflight.chapters.step): the same traffic as the framework runs it
+# (ZeRO stage, experts over their expert-data-parallel group, bucket latency), and what compute leaves exposed.
+if p["step"] is not None:
+    ch.table(pd.DataFrame([{"term of the step": w, "seconds": seconds(v)} for _, w, v in p["step"].term_list()]
+                          + [{"term of the step": "the step", "seconds": seconds(p["step"].step_s)},
+                             {"term of the step": "data-parallel bytes per rank, as the framework runs it",
+                              "seconds": gb(p["dp_bytes"])},
+                             {"term of the step": "data-parallel traffic, all of it", "seconds": seconds(p["dp_comm_s"])}]))
 
 # %% [markdown]
 # **Predict first.** Before the sliders: the questions below are on your own plan, each changed a little

@@ -76,7 +76,7 @@ ch.announce()
 #   per-sample mean needs the document ids. Cut samples also lose their first piece as context.
 
 # %%
-pad_table = C.add_plan_findings(ch.findings, prof, profile_path)
+pad_table = C.add_plan_findings(ch.findings, prof, profile_path, ch.gpu_key)
 ch.table(pad_table.assign(waste=pad_table["waste"].map(percent)))   # percent, as the chart below
 ch.show("padding_waste", charts.bars(pad_table.assign(**{"waste (%)": pad_table["waste"] * 100}), "waste (%)",
                                      "strategy", title="Padding waste (% of tokens computed)", fmt=".1f"))

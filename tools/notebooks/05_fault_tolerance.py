@@ -83,7 +83,7 @@ shared = shared_dir or (os.path.join(prof.data.scratch_dir, "preflight-chapter5"
 # your site's interruptions per node-day, then set the interval from it.
 
 # %%
-p5 = C.add_plan_findings(ch.findings, prof)
+p5 = C.add_plan_findings(ch.findings, prof, ch.gpu_key)
 ch.table(C.rates_table(p5))
 ch.table(C.reference_table())
 ch.show("failure_probability", failure_charts.failure_prob_chart(c.node_failure_per_day, c.nodes, max(30, int(t.run_days))))

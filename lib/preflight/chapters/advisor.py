@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 
 from preflight.chapters import memory_plan as MP
+from preflight.chapters import step as S
 from preflight.chapters.advisor_text import label, own_plan, table, text_report, why_faster  # noqa: F401  (the public surface)
 from preflight.chapters.load_balance import BUBBLE_FAIL, BUBBLE_WARN
 from preflight.core import hardware
@@ -113,33 +114,8 @@ def layouts(profile: Profile, batch: int):
                                micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep, cp=cp)
 
 
-def _cluster(profile: Profile, gpu_key: str | None) -> T.Cluster:
-    peak = hardware.peak_tflops(gpu_key, "bf16")
-    if peak is None:
-        raise ValueError(f"cluster.gpu = {profile.cluster.gpu!r}: no known bf16 peak, so no compute time; "
-                         "name a GPU of `python -m preflight chips`")
-    c = profile.cluster
-    return T.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node, intra_node_GBps=c.intra_node_GBps,
-                     inter_node_Gbps=c.inter_node_Gbps, nics_per_node=profile.nics_per_node, chip=gpu_key)
-
-
-def overlap(profile: Profile) -> T.Overlap:
-    """The profile's overlap switches, each left empty taking the framework's default
-    (``throughput.framework_overlap``)."""
-    t = profile.training
-    d = T.framework_overlap(t.framework)
-    pick = (lambda mine, default: default if mine is None else mine)
-    return T.Overlap(tp_comm=pick(t.tp_comm_overlap, d.tp_comm), grad_reduce=pick(t.overlap_grad_reduce, d.grad_reduce),
-                     param_gather=pick(t.overlap_param_gather, d.param_gather))
-
-
-def _model(profile: Profile) -> T.Model:
-    m = profile.model
-    chip = hardware.lookup(profile.cluster.gpu) if profile.cluster.gpu != "auto" else None
-    speedup = (chip.fp8_tflops / chip.bf16_tflops) if profile.training.fp8 and chip and chip.fp8_tflops else 1.0
-    return T.Model(params=m.params, layers=m.layers, hidden=m.hidden, seq_len=m.seq_len, vocab=m.vocab,
-                   ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash", matmul_speedup=speedup,
-                   experts=m.expert_spec, heads=m.n_heads, kv_heads=m.n_kv_heads)
+# The profile -> step model inputs have one home, the plan's step model (``preflight.chapters.step``).
+_cluster, overlap, _model = S.cluster_of, S.overlap_of, S.model_of
 
 
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
@@ -152,9 +128,7 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
 
 
 def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None) -> dict:
-    return T.step_time(lay, model=_model(profile), cluster=cluster, efficiency=efficiency,
-                       grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s,
-                       overlap=overlap(profile), framework=profile.training.framework).as_dict()
+    return S.time_layout(profile, lay, cluster, efficiency).as_dict()
 
 
 def evaluate(profile: Profile, lay: T.Layout, capacity: float, cluster: T.Cluster, efficiency: float) -> dict:
@@ -303,11 +277,7 @@ def plan_entry(profile: Profile, ranked: list[dict], fitting: int, capacity: flo
     """The profile's own plan as a candidate (evaluated even where the enumeration does not hold it: an
     interleaving or micro-batch the search skips), with its rank among the fitting layouts and the gap
     to the best: ``gap_to_best`` = best tokens/s over the plan's - 1."""
-    t = profile.training
-    lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
-                   sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
-                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                   ep=t.ep, cp=t.cp)
+    lay = S.layout_of(profile)
     c = evaluate(profile, lay, capacity, cluster, efficiency)
     mine = _rank_key(c)
     faster = sum(_rank_key(x) < mine for x in ranked[:fitting])          # ranked as advise ranks
@@ -322,11 +292,7 @@ def evaluate_plan(profile: Profile, efficiency: float | None = None, gpu_key: st
     check and the widgets."""
     gpu_key = _gpu_key(profile, gpu_key)
     capacity, _ = MP.capacity_bytes(profile)
-    t = profile.training
-    lay = T.Layout(tp=t.tp, pp=t.pp, dp=profile.dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
-                   sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
-                   microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                   ep=t.ep, cp=t.cp)
+    lay = S.layout_of(profile)
     return evaluate(profile, lay, capacity, _cluster(profile, gpu_key), efficiency)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from preflight.chapters import step as S
 from preflight.core import hardware
 from preflight.core.findings import FindingSink, judge
 from preflight.core.numfmt import factor, percent, plural
@@ -31,43 +32,70 @@ AMDAHL_PASS_FACTOR, AMDAHL_FAIL_FACTOR = 2, 1
 # (cuBLAS large bf16 GEMMs; chapter 1's measured matmul ceiling is the machine's own figure), so a plan
 # implying more is impossible, not only one implying more than 100 %.
 IMPLIED_MFU_WARN, IMPLIED_MFU_FAIL = 0.60, 0.80
+STATED_RATIO_WARN, STATED_RATIO_FAIL = S.STATED_RATIO_WARN, S.STATED_RATIO_FAIL
 
 
-def serial_parallel(profile: Profile) -> tuple[float, float]:
-    return profile.training.step_serial_s, profile.training.step_compute_s
+def serial_parallel(profile: Profile, gpu_key: str | None = None) -> tuple[float, float]:
+    """(serial, parallel work) of the step for Amdahl: one GPU's (weak scaling), or the work all GPUs share
+    (strong scaling: the stated figure, or the predicted per-GPU compute times the GPUs)."""
+    t = profile.training
+    serial, compute, _ = S.gpu_step(profile, gpu_key)
+    return serial, compute * (profile.gpus if t.scaling == "strong" else 1)
 
 
-def plan_curve(profile: Profile, measured: dict[int, float] | None = None) -> pd.DataFrame:
-    """The staged scaling curve of the profile (``preflight.models.extrapolate``)."""
+def plan_curve(profile: Profile, measured: dict[int, float] | None = None, gpu_key: str | None = None) -> pd.DataFrame:
+    """The staged scaling curve of the profile: each stage timed by the one step model
+    (``preflight.chapters.step.stage_curve``). Where the GPU has no known peak (``gpu: auto`` on a CPU) the
+    model cannot time compute: then the ring arithmetic of ``preflight.models.extrapolate`` on the stated
+    step, labelled so."""
+    curve = S.stage_curve(profile, _key(profile, gpu_key), measured)
+    if curve is not None:
+        return curve
     t, c = profile.training, profile.cluster
-    return scaling_curve(serial_s=t.step_serial_s, compute_s=t.step_compute_s, params=profile.model.params,
-                         grad_dtype=t.grad_dtype, tp=t.tp, pp=t.pp, gpus_per_node=c.gpus_per_node,
-                         intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
-                         target_gpus=profile.gpus, measured=measured, scaling=t.scaling,
-                         nics_per_node=profile.nics_per_node, microbatches=t.microbatches)
+    serial, compute, basis = S.slider_step(profile, gpu_key)    # the stated step (else a nominal one, said)
+    out = scaling_curve(serial_s=serial, compute_s=compute * (profile.gpus if t.scaling == "strong" else 1),
+                        params=profile.model.params, grad_dtype=t.grad_dtype, tp=t.tp, pp=t.pp,
+                        gpus_per_node=c.gpus_per_node, intra_node_GBps=c.intra_node_GBps,
+                        inter_node_Gbps=c.inter_node_Gbps, target_gpus=profile.gpus, measured=measured,
+                        scaling=t.scaling, nics_per_node=profile.nics_per_node, microbatches=t.microbatches)
+    out["source"] = out["source"].where(out["source"] == "measured", f"ring arithmetic on {basis.split(' (')[0]} step "
+                                        "(GPU peak unknown)")
+    return out
+
+
+def chart_step(profile: Profile, gpu_key: str | None = None) -> tuple[float, float, str]:
+    """(serial, parallel work, basis) the chapter's Amdahl chart and sliders start from: the plan's step
+    (:func:`serial_parallel`), else a nominal one, labelled (``step.slider_step``)."""
+    serial, compute, basis = S.slider_step(profile, gpu_key)
+    return serial, compute * (profile.gpus if profile.training.scaling == "strong" else 1), basis
+
+
+def _key(profile: Profile, gpu_key: str | None) -> str | None:
+    return gpu_key if gpu_key is not None else (None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
 
 
 def implied_mfu(profile: Profile, gpu_key: str | None) -> dict:
-    """The MFU the plan's own numbers imply: one GPU's training FLOPs per step over its compute time.
+    """The MFU the plan's step implies: one GPU's training FLOPs per step over its compute time.
 
     ``(6N + 12 L h s) x microbatches x micro_batch_size x seq_len / (tp pp cp)`` FLOPs (``models.flops``)
-    in ``compute_s`` (one GPU's, ``Profile.gpu_step_s``) against the chip's dense bf16 peak. ``mfu`` is
-    None when the chip has no known peak."""
+    in ``compute_s`` (one GPU's: the stated ``training.step_compute_s``, else the step model's prediction;
+    ``basis`` says which) against the chip's dense bf16 peak. ``mfu`` is None when the chip has no known
+    peak."""
     m, t = profile.model, profile.training
     per_token = flops.train_flops_per_token(m.active_params, m.layers, m.hidden, m.seq_len)   # MoE: active
     tokens = t.microbatches * t.micro_batch_size * m.seq_len
     step_flops = per_token * tokens / (t.tp * t.pp * t.cp)       # cp GPUs share each sequence
-    compute_s = profile.gpu_step_s[1]
+    _, compute_s, basis = S.gpu_step(profile, gpu_key)
     peak = hardware.peak_tflops(gpu_key, "bf16")
     # The executed-work reading: N from the layer shapes without the input lookup (an embedding costs no
     # matmul; the output layer does), attention causal (a flash kernel skips the masked half).
-    from preflight.models import states as S
+    from preflight.models import states as ST
 
-    shape_n = S.model_params(m.layers, m.hidden, m.n_heads, m.vocab, m.kv_heads, m.ffn_hidden, m.mlp,
-                             tied_embeddings=True) if not m.experts else m.active_params - m.vocab * m.hidden
+    shape_n = ST.model_params(m.layers, m.hidden, m.n_heads, m.vocab, m.kv_heads, m.ffn_hidden, m.mlp,
+                              tied_embeddings=True) if not m.experts else m.active_params - m.vocab * m.hidden
     executed = (6.0 * shape_n + 6.0 * m.layers * m.hidden * m.seq_len) * tokens / (t.tp * t.pp * t.cp)
     return {"flops_per_token": per_token, "tokens_per_replica": tokens, "step_flops": step_flops,
-            "compute_s": compute_s, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak),
+            "compute_s": compute_s, "basis": basis, "peak_tflops": peak, "mfu": flops.mfu(step_flops / compute_s, peak),
             "shape_params": shape_n, "mfu_executed": flops.mfu(executed / compute_s, peak)}
 
 
@@ -87,7 +115,20 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                       gpu_key: str | None = None) -> None:
     """Scaling law, implied MFU and the staged curve at the target. ``gpu_key``: the hardware-table key of
     the profile's GPU (``Chapter.gpu_key``); default the profile's, unknown for ``auto``."""
-    ts, tc = serial_parallel(profile)
+    gpu_key = _key(profile, gpu_key)
+    ps = S.plan_step(profile, gpu_key)
+    if ps is not None:
+        add_step_findings(sink, profile, ps)
+    try:
+        ts, tc = serial_parallel(profile, gpu_key)
+    except S.NoStepError as err:
+        for fid, unit in (("baseline/amdahl_max_speedup", "x"), ("baseline/amdahl_speedup_at_target", "x"),
+                          ("baseline/gustafson_speedup_at_target", "x"), ("baseline/implied_mfu", "fraction"),
+                          ("baseline/scaling_efficiency_at_target", "fraction")):
+            sink.add(id=fid, value=None, unit=unit, verdict="info", threshold="not judged: no step", message=str(err),
+                     fix="Set training.step_compute_s (one GPU's measured compute per step), or name the GPU "
+                         "(cluster.gpu) so the step model predicts it.", source=PROFILE_SOURCE)
+        return
     n = profile.gpus
     weak = profile.training.scaling == "weak"
     decides = "decides" if not weak else "info: the profile scales weakly (training.scaling: weak)"
@@ -115,7 +156,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                  "Gustafson) so the parallel part grows with N.",
              source=PROFILE_SOURCE)
 
-    gs, gc = profile.gpu_step_s
+    gs, gc, basis = S.gpu_step(profile, gpu_key)
     frac = scaling.serial_fraction(gs, gc)
     g = scaling.gustafson_speedup(frac, n)
     v, words = _speedup_judge(g, n)
@@ -129,14 +170,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                  "per-GPU batch its share of every step is lost at every scale.",
              source=PROFILE_SOURCE)
 
-    im = implied_mfu(profile, gpu_key if gpu_key is not None else
-                     (None if profile.cluster.gpu == "auto" else profile.cluster.gpu))
+    im = implied_mfu(profile, gpu_key)
     v, words = judge(im["mfu"], warn=IMPLIED_MFU_WARN, fail=IMPLIED_MFU_FAIL, higher_is_better=False, fmt="{:.0%}")
+    stated = profile.training.step_compute_s is not None
+    if not stated:          # the model's own prediction: nothing of the team's to check against the peak
+        v, words = "info", f"not judged: no stated step (training.step_compute_s), the compute is predicted; {words}"
     t, m = profile.training, profile.model
     what = (f"{t.microbatches} x {t.micro_batch_size} x {m.seq_len} tokens at {im['flops_per_token'] / 1e9:.3g} "
             f"GFLOP per token (6N + 12 L h s) / ({'tp pp cp' if t.cp > 1 else 'tp pp'} = {t.tp * t.pp * t.cp}) = "
             f"{im['step_flops'] / 1e12:.4g} TFLOP in "
-            f"{im['compute_s']:.3g} s of compute")
+            f"{im['compute_s']:.3g} s of compute ({im['basis']})")
     if im["mfu"] is None:
         msg = f"{what}; the chip's dense peak is unknown, so the plan cannot be checked against it."
     else:
@@ -161,17 +204,72 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     at = curve[curve["gpus"] == n].iloc[-1]
     eff = float(at["efficiency"])
     v, words = judge(eff, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")
-    src = "measured on the cluster (record)" if at["source"] == "measured" else PROFILE_SOURCE
+    src = "measured on the cluster (record)" if at["source"] == "measured" else (
+        "the plan's step model (preflight.chapters.step)" if ps is not None else PROFILE_SOURCE)
+    if ps is not None:
+        losses = {"bubble": ps.terms["bubble_s"], "communication": ps.exposed_comm_s}
+        msg = (f"At {n:,} GPUs ({profile.training.scaling} scaling) the step model gives {ps.words()}: "
+               f"{ps.scaling_efficiency:.0%} of the step is work; the pipeline bubble costs {losses['bubble']:.3g} s and "
+               f"exposed communication {losses['communication']:.3g} s (data-parallel {ps.terms['dp_exposed_s']:.3g} s of "
+               f"{ps.terms['dp_comm_s']:.3g} s; busbw {at['busbw_GBps']:.3g} GB/s, the field report's flat arithmetic "
+               f"{at['flat_comm_s']:.3g} s for the all-reduce).")
+        worst_loss = max(losses, key=losses.get)
+    else:
+        msg = (f"At {n} GPUs ({profile.training.scaling} scaling) a step spends {at['comm_s']:.3g} s in gradient "
+               f"all-reduce (busbw {at['busbw_GBps']:.3g} GB/s) against {gs + gc:.3g} s of work per GPU "
+               f"({basis}): {at['efficiency_no_overlap']:.0%} efficiency without overlap, "
+               f"{at['efficiency_overlap']:.0%} if backward hides it (the GPU's peak is unknown, so the step model "
+               "cannot time the other terms).")
+        worst_loss = "communication"
+    if at["source"] == "measured":
+        msg += f" Measured on the cluster: {eff:.0%}, which decides."
+    if v == "pass":
+        fix = "Keep the staged method: measure each stage (8 -> 64 -> 512 GPUs) and compare with this curve."
+    elif worst_loss == "bubble":
+        fix = ("The pipeline bubble is the largest loss: more micro-batches per step, an interleaved or zero-bubble "
+               "schedule, or fewer stages (chapter 4, load_balance/bubble_fraction).")
+    else:
+        fix = ("Exposed communication is the largest loss: overlap it with compute (DDP buckets, Megatron's "
+               "--overlap-grad-reduce / --overlap-param-gather, FSDP2 prefetch), bf16 gradients, gradient "
+               "accumulation, topology-aware groups (chapter 3, communication/exposed_comm_share).")
     sink.add(id="baseline/scaling_efficiency_at_target", value=eff, unit="fraction", verdict=v,
-             threshold=words,
-             message=(f"At {n} GPUs ({profile.training.scaling} scaling) a step spends {at['comm_s']:.3g} s in "
-                      f"gradient all-reduce (busbw {at['busbw_GBps']:.3g} GB/s; flat arithmetic "
-                      f"{at['flat_comm_s']:.3g} s) against {gs + gc:.3g} s of work per GPU: "
-                      f"{at['efficiency_no_overlap']:.0%} efficiency without overlap, {at['efficiency_overlap']:.0%} "
-                      f"if backward hides it; the verdict uses the {at['source']} figure."),
-             fix="Stop scaling and fix communication first: overlap (DDP bucketing), bf16 gradients, "
-                 "gradient accumulation, topology-aware groups (chapter 3).",
-             source=src)
+             threshold=words, message=msg, fix=fix, source=src)
+
+
+def add_step_findings(sink: FindingSink, profile: Profile, ps: S.PlanStep) -> None:
+    """``baseline/step_model``: the one predicted step, term by term (every chapter reads these terms); and
+    ``baseline/stated_step_ratio`` where the profile states its compute: the team's figure over the model's."""
+    t = profile.training
+    sink.add(id="baseline/step_model", value=ps.step_s, unit="s", verdict="info",
+             threshold="recorded for reference: the step every plan verdict rests on",
+             message=(f"Predicted step of one GPU at tp={t.tp} pp={t.pp} dp={profile.dp}"
+                      + (f" cp={t.cp}" if t.cp > 1 else "") + (f" ep={t.ep}" if t.ep > 1 else "")
+                      + f": {ps.words()}; {ps.terms['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, MFU "
+                      f"{ps.terms['mfu']:.1%} (kernels at {ps.terms['efficiency']:.0%} of the bf16 peak: "
+                      f"{ps.efficiency_source}). `advise` prints the same terms for this plan."),
+             fix="Check it against your job: audit --traces DIR sets each term beside the same term measured.",
+             source="the plan's step model (preflight.chapters.step)", terms=S.terms_of(ps))
+    ratio = S.stated_ratio(ps)
+    if ratio is None:
+        return
+    v, words = judge(ratio, warn=STATED_RATIO_WARN, fail=STATED_RATIO_FAIL, higher_is_better=False, fmt="{:.2g}x")
+    low = ratio < 1 / STATED_RATIO_WARN
+    if low:
+        v = "warn"
+    msg = (f"The profile states {ps.stated_compute_s:.3g} s of compute per GPU step; the model predicts "
+           f"{ps.predicted_compute_s:.3g} s ({factor(ratio)}).")
+    if ratio > STATED_RATIO_WARN:
+        msg += " " + S.explain_gap(ps)
+    elif low:
+        msg += (" Faster than the model's kernels: check the stated figure (one GPU, the planned micro-batch, "
+                "all its micro-batches) or measure the efficiency (advise --mfu-from AUDIT).")
+    sink.add(id="baseline/stated_step_ratio", value=ratio, unit="x", verdict=v,
+             threshold=f"stated / predicted compute: {words}; below {1 / STATED_RATIO_WARN:.2g}x warns",
+             message=msg,
+             fix=("Measure where the time goes: python -m preflight audit PROFILE --traces DIR (the plan-vs-trace "
+                  "table names the term that departs most)." if v != "pass" else
+                  "Nothing to do: the stated compute agrees with the model."),
+             source="the profile's stated step against the plan's step model")
 
 
 def measured_serial_parallel(composition: list[dict]) -> tuple[float, float]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from preflight.chapters import step as S
 from preflight.core.findings import FindingSink, judge
 from preflight.core.numfmt import factor
 from preflight.core.profile import Profile
 from preflight.models import comm
-from preflight.models.comm import BACKWARD_SHARE
 from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
 
 PROFILE_SOURCE = "computed from profile"
@@ -24,21 +24,37 @@ BUSBW_WARN, BUSBW_FAIL = 0.70, 0.40     # measured busbw / the bandwidth the pro
 # Context parallelism: one K/V transfer over one ring step's attention. Above 1 the ring waits; 0.8 leaves
 # room for kernel launch gaps and a slower step.
 CP_RATIO_WARN, CP_RATIO_FAIL = 0.8, 1.0
+# Exposed communication (every parallelism's, the step model's) over the step: 10 % is what tuned large runs
+# leave (Llama 3, MegaScale); a quarter of the step is a plan that scales on communication, not compute.
+EXPOSED_WARN, EXPOSED_FAIL = 0.10, 0.25
 
 
-def allreduce_plan(profile: Profile) -> comm.AllreducePlan:
-    """The profile's gradient all-reduce per step (``preflight.models.comm.allreduce_plan``)."""
+def allreduce_plan(profile: Profile, gpu_key: str | None = None) -> comm.AllreducePlan:
+    """The ring formula for the profile's gradients (``preflight.models.comm.allreduce_plan``): every
+    parameter's gradient all-reduced over the dp x cp replicas, against the step's compute (stated, else the
+    step model's). The closed form the chapter teaches and its sliders move; the verdicts read the step
+    model's data-parallel terms (:func:`plan`), which run it as the framework does."""
     m, c, t = profile.model, profile.cluster, profile.training
-    serial_s, compute_s = profile.gpu_step_s
+    serial_s, compute_s, _ = S.slider_step(profile, gpu_key)
     return comm.allreduce_plan(m.params, profile.replicas, t.grad_dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
                                intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
                                nics_per_node=profile.nics_per_node, microbatches=t.microbatches,
                                compute_s=compute_s, serial_s=serial_s, in_network=c.in_network)
 
 
-def plan(profile: Profile) -> dict:
-    """The same plan as a dict: bytes, placement, rail-aware and flat time, busbw, ratio, bounds."""
-    return allreduce_plan(profile).as_dict()
+def plan(profile: Profile, gpu_key: str | None = None) -> dict:
+    """The ring formula's plan (bytes, placement, busbw, flat arithmetic, bounds) with the step model's
+    data-parallel terms beside it, under ``step_*`` keys and as the verdicts' figures: ``dp_bytes`` (what each
+    rank sends as the framework runs it), ``dp_comm_s``, ``dp_exposed_s``, ``step_s``, and ``step`` (the
+    :class:`preflight.chapters.step.PlanStep`, None where the GPU's peak is unknown)."""
+    p = allreduce_plan(profile, gpu_key).as_dict()
+    ps = S.plan_step(profile, gpu_key)
+    p["step"] = ps
+    if ps is not None:
+        st = ps.terms
+        p.update(dp_bytes=st["dp_bytes"], dp_comm_s=st["dp_comm_s"], dp_exposed_s=st["dp_exposed_s"],
+                 step_s=st["step_s"], exposed_comm_s=ps.exposed_comm_s, edp=st["edp_ranks"])
+    return p
 
 
 def closest_tier(profile: Profile) -> str:
@@ -49,48 +65,99 @@ def closest_tier(profile: Profile) -> str:
     return min(LINK_TIERS_GBps, key=lambda k: abs(LINK_TIERS_GBps[k] - nic))
 
 
-def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
-    p = plan(profile)
+def _scheme(profile: Profile) -> str:
+    """How the plan's data-parallel traffic runs, in words (``throughput.step_time``'s cases)."""
     t = profile.training
-    fix_comm = ("Overlap the all-reduce with backward (DDP buckets, FSDP2 prefetch), reduce bf16 gradients "
-                "where the numerics allow (half the bytes), accumulate gradients (one all-reduce per k "
-                "micro-batches), and keep each data-parallel group on its rails: one NIC per GPU, ranks placed "
-                "tp-fastest so NCCL's rings cross each node once.")
-    sink.add(id="communication/allreduce_bytes_per_rank", value=p["bytes_per_rank"], unit="bytes", verdict="info",
+    z = t.zero_stage
+    how = {0: "a ring all-reduce of the gradients in 25 MB buckets, 2 (D-1)/D of them per rank",
+           1: "a reduce-scatter of the gradients and an all-gather of the updated 16-bit weights, (D-1)/D of each "
+              "(Megatron's distributed optimizer, DeepSpeed ZeRO-1)",
+           2: "a reduce-scatter of the gradients on every micro-batch and one all-gather of the weights (DeepSpeed "
+              "ZeRO-2)",
+           3: "per layer and micro-batch an all-gather of its weights before forward and backward and a "
+              "reduce-scatter of its gradients (ZeRO-3 / FSDP)"}[z]
+    return how
+
+
+def add_plan_findings(sink: FindingSink, profile: Profile, gpu_key: str | None = None) -> dict:
+    """The plan's communication findings (the step model's terms, the ring formula beside them); returns the
+    plan (:func:`plan`). With no step to judge (no stated compute, no known peak) each finding says so."""
+    p = plan(profile, gpu_key)
+    if p["step"] is None and S.stated_compute(profile) is None:
+        for fid, unit in (("communication/allreduce_bytes_per_rank", "bytes"), ("communication/allreduce_s", "s"),
+                          ("communication/comm_compute_ratio", "x"), ("communication/exposed_comm_share", "fraction"),
+                          ("communication/efficiency_no_overlap", "fraction"),
+                          ("communication/efficiency_full_overlap", "fraction")):
+            sink.add(id=fid, value=None, unit=unit, verdict="info", threshold="not judged: no step", message=S.NO_STEP,
+                     fix="Set training.step_compute_s, or name the GPU (cluster.gpu).", source=PROFILE_SOURCE)
+        return p
+    ps = p["step"]
+    t = profile.training
+    fix_comm = ("Overlap the data-parallel traffic with compute (DDP buckets; Megatron's --overlap-grad-reduce and "
+                "--overlap-param-gather, off by default; FSDP2 prefetch), reduce bf16 gradients where the numerics "
+                "allow (half the bytes), accumulate gradients (one reduction per k micro-batches), and keep each "
+                "data-parallel group on its rails: one NIC per GPU, ranks placed tp-fastest so NCCL's rings cross "
+                "each node once.")
+    ring = (f"The ring formula for a plain all-reduce of every gradient, 2 x M/(tp pp) x (D-1)/D x "
+            f"{comm.BYTES_PER_ELEMENT[t.grad_dtype]} B over D = {p['dp']}, gives {p['bytes_per_rank'] / 1e9:.3g} GB "
+            f"in {p['time_s']:.3g} s ({p['link_why']}). The field report's flat arithmetic {p['flat_s']:.3g} s: "
+            f"{p['flat_why']}.")
+    if ps is None:                 # no peak: the ring formula on the stated compute is all there is
+        bytes_, time_, exposed, compute, step = (p["bytes_per_rank"], p["time_s"], p["exposed_overlap_s"], p["compute_s"],
+                                                 p["work_s"] + p["exposed_overlap_s"])
+        basis, exposed_all = "the ring formula on the stated compute (the GPU's peak is unknown)", p["exposed_overlap_s"]
+        src = PROFILE_SOURCE
+    else:
+        st = ps.terms
+        bytes_, time_, exposed, compute, step = st["dp_bytes"], st["dp_comm_s"], st["dp_exposed_s"], st["compute_s"], st["step_s"]
+        basis, exposed_all, src = "the plan's step model", ps.exposed_comm_s, "the plan's step model (preflight.chapters.step)"
+    moe = (f" Dense weights reduce over dp x cp = {p['dp']} ranks, routed experts over their expert-data-parallel group "
+           f"of {p.get('edp')} (tp dp cp / ep)." if profile.model.experts and ps is not None else "")
+    sink.add(id="communication/allreduce_bytes_per_rank", value=bytes_, unit="bytes", verdict="info",
              threshold="recorded for reference",
-             message=(f"Each of {p['dp']} data-parallel ranks sends (and receives) 2 x M/(tp pp) x (D-1)/D x "
-                      f"{comm.BYTES_PER_ELEMENT[t.grad_dtype]} B = {p['bytes_per_rank'] / 1e9:.3g} GB of "
-                      f"{t.grad_dtype} gradients per step."),
-             fix=fix_comm, source=PROFILE_SOURCE)
-    sink.add(id="communication/allreduce_s", value=p["time_s"], unit="s", verdict="info",
+             message=(f"Each data-parallel rank sends {bytes_ / 1e9:.3g} GB of {t.grad_dtype} gradients"
+                      + (" and 16-bit weights" if t.zero_stage >= 1 else "") + f" per step: {_scheme(profile)}.{moe} "
+                      + ring),
+             fix=fix_comm, source=src)
+    sink.add(id="communication/allreduce_s", value=time_, unit="s", verdict="info",
              threshold="recorded for reference",
-             message=(f"Ring all-reduce as NCCL runs it: {p['link_why']}; V / busbw + 2 (D-1) alpha = "
-                      f"{p['time_s']:.3g} s per step. Flat arithmetic {p['flat_s']:.3g} s: {p['flat_why']}."),
-             fix=fix_comm, source=PROFILE_SOURCE)
-    m_acc = p["microbatches"]
-    v, words = judge(p["ratio"], warn=BACKWARD_SHARE / m_acc, fail=1.0 / m_acc, higher_is_better=False, fmt="{:.2g}")
-    sink.add(id="communication/comm_compute_ratio", value=p["ratio"], unit="x", verdict=v,
-             threshold=(f"{words} (what can hide it is the last micro-batch's backward, ~2/3 x compute / "
-                        f"{m_acc} micro-batch{'es' if m_acc > 1 else ''})"),
-             message=(f"All-reduce {p['time_s']:.3g} s against {p['compute_s']:.3g} s of compute per step: "
-                      f"{factor(p['ratio'])}." + (" No overlap can hide that." if p["ratio"] > 1 else "")
-                      + (f" With {p['microbatches']} accumulated micro-batches only the last one's backward "
-                         f"({p['hide_window_s']:.3g} s) can hide it." if p["microbatches"] > 1 else "")),
-             fix=fix_comm, source=PROFILE_SOURCE)
-    for fid, key, what in (("communication/efficiency_no_overlap", "efficiency_no_overlap",
-                            "the all-reduce after backward (the lower bound: no overlap at all)"),
-                           ("communication/efficiency_full_overlap", "efficiency_full_overlap",
-                            "the all-reduce fully overlapped with backward (the upper bound: perfect overlap; "
-                            "a real run lands between the two)")):
-        # The two bounds are for reference: the verdict on efficiency is chapter 1's (the estimated exposed
-        # all-reduce, baseline/scaling_efficiency_at_target); judging a bound here too counted one number twice.
+             message=(f"Data-parallel traffic {time_:.3g} s per step ({basis}; rail-aware busbw "
+                      f"{p['busbw_GBps']:.3g} GB/s, ring latency), of which {exposed:.3g} s is not hidden behind "
+                      f"compute by the {t.framework} overlap settings."),
+             fix=fix_comm, source=src)
+    ratio = time_ / compute
+    sink.add(id="communication/comm_compute_ratio", value=ratio, unit="x", verdict="info",
+             threshold="recorded for reference (communication/exposed_comm_share judges what is left exposed)",
+             message=(f"Data-parallel traffic {time_:.3g} s against {compute:.3g} s of compute per step: "
+                      f"{factor(ratio)}." + (f" With {t.microbatches} accumulated micro-batches only the last one's "
+                                             "backward can hide a once-per-step reduction." if t.microbatches > 1 else "")),
+             fix=fix_comm, source=src)
+    share = exposed_all / step
+    v, words = judge(share, warn=EXPOSED_WARN, fail=EXPOSED_FAIL, higher_is_better=False, fmt="{:.0%}")
+    parts = ("" if ps is None else " (" + ", ".join(f"{w} {ps.terms[k]:.3g} s" for k, w in S.TERMS
+                                                     if k in S.EXPOSED_COMM and ps.terms[k] > 0) + ")")
+    sink.add(id="communication/exposed_comm_share", value=share, unit="fraction", verdict=v,
+             threshold=f"exposed communication / step: {words}",
+             message=(f"{exposed_all:.3g} s of the {step:.3g} s step is communication that compute does not hide"
+                      f"{parts or ''}: {share:.0%} ({basis})."),
+             fix=(fix_comm if v != "pass" else "Nothing to do: compute hides the plan's communication."),
+             source=src, terms=None if ps is None else {k: ps.terms[k] for k in S.EXPOSED_COMM})
+    for fid, key, what in (("communication/efficiency_no_overlap", "no", "the data-parallel traffic after backward "
+                            "(the lower bound: no overlap at all)"),
+                           ("communication/efficiency_full_overlap", "full", "the data-parallel traffic fully "
+                            "overlapped (the upper bound: perfect overlap; a real run lands between the two)")):
+        # The two bounds are for reference: the verdict on efficiency is chapter 1's (the step model's,
+        # baseline/scaling_efficiency_at_target); judging a bound here too counted one number twice.
         words = judge(None, warn=EFFICIENCY_WARN, fail=STOP_RULE_EFFICIENCY, fmt="{:.0%}")[1]
-        sink.add(id=fid, value=p[key], unit="fraction", verdict="info",
-                 threshold=f"a bound, recorded for reference (chapter 1 judges the estimate between them: {words})",
-                 message=(f"Scaling efficiency at {profile.gpus} GPUs with {what}: {p[key]:.0%} "
-                          f"(work {p['work_s']:.3g} s per step, all-reduce {p['time_s']:.3g} s, "
-                          f"{p['exposed_overlap_s']:.3g} s of it left exposed if it fully overlapped)."),
-                 fix=fix_comm, source=PROFILE_SOURCE)
+        if ps is None:
+            eff = p["efficiency_no_overlap" if key == "no" else "efficiency_full_overlap"]
+        else:
+            work = st["serial_s"] + st["compute_s"]
+            eff = work / (step - exposed + (time_ if key == "no" else 0.0))
+        sink.add(id=fid, value=eff, unit="fraction", verdict="info",
+                 threshold=f"a bound, recorded for reference (chapter 1 judges the model's estimate between them: {words})",
+                 message=f"Scaling efficiency at {profile.gpus:,} GPUs with {what}: {eff:.0%} ({basis}).",
+                 fix=fix_comm, source=src)
     if t.cp > 1:
         add_cp_finding(sink, profile)
     return p

@@ -22,11 +22,13 @@ GiB = 2 ** 30
 def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str, Exercise]:
     """Amdahl at 256 GPUs with half the profile's serial work (the chapter charts the profile's own), the
     model states under a sharding the profile does not use, and (when measured) the torch.compile speedup."""
+    from preflight.chapters import step as S
     from preflight.models import scaling
     from preflight.models.states import STAGES, layout, state_rows
 
     t, c = profile.training, profile.cluster
     n, ts = 256, t.step_serial_s / 2          # the chapter shows the profile's Ts: ask about half of it
+    _, tc, _ = S.slider_step(profile)         # the stated compute, else the step model's
     stage = 1 if 1 in STAGES[t.framework] else max(STAGES[t.framework])   # fsdp2 offers only ZeRO-3, ddp 0
     shard = c.gpus_per_node if c.gpus_per_node > 1 else 8
     if (t.zero_stage, t.shard_group) == (stage, "node"):   # the chapter shows that one: ask about two nodes
@@ -37,13 +39,13 @@ def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str,
     sharded = [term for term, _, formula in rows if "sharded" in formula]
     ex = {
         "amdahl": Exercise(
-            "amdahl", f"Each step has {t.step_serial_s:g} s of serial work and {t.step_compute_s:g} s that "
+            "amdahl", f"Each step has {t.step_serial_s:g} s of serial work and {tc:.3g} s that "
             f"parallelises. The team halves the serial work (to {ts:g} s). How many times faster than one GPU "
             f"can {n} GPUs then run it (strong scaling)?", "x",
-            lambda: scaling.amdahl_speedup(ts, t.step_compute_s, n),
+            lambda: scaling.amdahl_speedup(ts, tc, n),
             f"Amdahl: (Ts + Tc) / (Ts + Tc/N). The serial part caps the speedup at 1 + Tc/Ts: halving Ts moves "
-            f"the cap from {factor(scaling.amdahl_ceiling(t.step_serial_s, t.step_compute_s))} to "
-            f"{factor(scaling.amdahl_ceiling(ts, t.step_compute_s))}. Removing serial work buys more than adding GPUs.",
+            f"the cap from {factor(scaling.amdahl_ceiling(t.step_serial_s, tc))} to "
+            f"{factor(scaling.amdahl_ceiling(ts, tc))}. Removing serial work buys more than adding GPUs.",
             rel_tol=0.2, log=True),
         "model_states": Exercise(
             "model_states", f"A {profile.model.params / 1e9:g}B-parameter model trained with mixed-precision Adam "
@@ -129,7 +131,9 @@ def communication(profile: Profile) -> dict[str, Exercise]:
 
     m, c, t = profile.model, profile.cluster, profile.training
     dtype, dp = OTHER_DTYPE[t.grad_dtype], 2 * profile.replicas
-    serial_s, compute_s = profile.gpu_step_s
+    from preflight.chapters import step as S
+
+    serial_s, compute_s, _ = S.slider_step(profile)
     p = comm.allreduce_plan(m.params, dp, dtype, t.tp, t.pp, gpus_per_node=c.gpus_per_node,
                             intra_node_GBps=c.intra_node_GBps, inter_node_Gbps=c.inter_node_Gbps,
                             nics_per_node=profile.nics_per_node, microbatches=t.microbatches,

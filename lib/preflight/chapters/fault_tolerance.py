@@ -14,6 +14,7 @@ import math
 
 import pandas as pd
 
+from preflight.chapters import step as S
 from preflight.core.findings import FindingSink, judge
 from preflight.core.numfmt import duration, factor, num, pct, percent, plural, sci, seconds
 from preflight.core.profile import Profile
@@ -48,7 +49,7 @@ def checkpoint_cost(profile: Profile) -> tuple[float, str]:
                f"{profile.model.params:.3g} params / {c.checkpoint_write_GBps:g} GB/s")
 
 
-def plan(profile: Profile, p_node_day: float | None = None) -> dict:
+def plan(profile: Profile, p_node_day: float | None = None, gpu_key: str | None = None) -> dict:
     """The plan's failure and checkpoint numbers, in seconds and fractions, under the profile's daily
     per-node failure probability or under ``p_node_day`` (e.g. ``R.LLAMA3_P_NODE_DAY``)."""
     c, t = profile.cluster, profile.training
@@ -59,8 +60,8 @@ def plan(profile: Profile, p_node_day: float | None = None) -> dict:
     young = R.young_interval(C, m_s)
     daly = R.daly_interval(C, m_s)
     # no failures (M infinite): the checkpoint exists for the walltime; free writes (C = 0): every step
-    daly = c.walltime_h * 3600 if math.isinf(m_s) else min(max(daly, t.step_compute_s + t.step_serial_s),
-                                                            c.walltime_h * 3600)
+    step_s, _ = S.step_seconds(profile, gpu_key)            # the one step model's (a checkpoint per step at most)
+    daly = c.walltime_h * 3600 if math.isinf(m_s) else min(max(daly, step_s or 0.0), c.walltime_h * 3600)
     chosen = t.checkpoint_interval_s or daly
     # waiting in the queue after each allocation that ends at the walltime (failures pay it in R above)
     queue = R.queue_waste(c.queue_wait_s, t.run_days * 86400, c.walltime_h)
@@ -123,13 +124,13 @@ def _walltime_verdict(p: dict) -> tuple[str, str]:
     return judge(p["walltime_ratio"], warn=WALLTIME_WARN, fail=WALLTIME_FAIL, higher_is_better=False, fmt="{:.2g}")
 
 
-def add_plan_findings(sink: FindingSink, profile: Profile) -> dict:
+def add_plan_findings(sink: FindingSink, profile: Profile, gpu_key: str | None = None) -> dict:
     """Failure probability, MTBF, checkpoint interval, waste and walltime fit of the plan.
 
     Each is computed under the profile's rate (the verdict) and under Llama 3's (in the message, with
     the verdict it would get). Returns the profile's plan, with the Llama 3 one under ``"llama3"``."""
     c, t = profile.cluster, profile.training
-    p, q = plan(profile), plan(profile, R.LLAMA3_P_NODE_DAY)
+    p, q = plan(profile, gpu_key=gpu_key), plan(profile, R.LLAMA3_P_NODE_DAY, gpu_key)
     rate = f"{R.LLAMA3_RATE_PER_NODE_DAY:.1e}".replace("e-0", "e-")          # 3.8e-3
     at_llama, At_llama = (f"{w} Llama 3's {rate} interruptions per node-day" for w in ("at", "At"))
     gpu_h = profile.gpus * t.run_days * 24

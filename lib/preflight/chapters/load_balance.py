@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from preflight.chapters import step as S
 from preflight.core.findings import FindingSink, judge
 from preflight.core.numfmt import factor, percent
 from preflight.core.profile import Profile
@@ -45,7 +46,7 @@ STRAGGLER_WARN, STRAGGLER_FAIL = 0.05, 0.15     # expected step time lost to the
 JITTER_SCENARIOS = (0.01, 0.02, 0.05)
 
 
-def add_straggler_finding(sink: FindingSink, profile: Profile) -> None:
+def add_straggler_finding(sink: FindingSink, profile: Profile, gpu_key: str | None = None) -> None:
     """``load_balance/straggler_slowdown``: a synchronous step lasts as long as its slowest rank
     (``preflight.models.stragglers``): ``1 + cv E[max of N]`` with the profile's per-rank jitter, judged;
     without it, what 1, 2 and 5 % would cost at this many GPUs (info)."""
@@ -66,16 +67,20 @@ def add_straggler_finding(sink: FindingSink, profile: Profile) -> None:
         return
     lost = ST.slowdown(n, cv) - 1
     v, words = judge(lost, warn=STRAGGLER_WARN, fail=STRAGGLER_FAIL, higher_is_better=False, fmt="{:.0%}")
+    step_s, basis = S.step_seconds(profile, gpu_key)
+    cost = f" On {basis}'s {step_s:.3g} s step that is {lost * step_s:.3g} s per step." if step_s else ""
     sink.add(id="load_balance/straggler_slowdown", value=lost, unit="fraction", verdict=v, threshold=words,
              message=(f"With {cv:.1%} per-rank step-time jitter each step waits for the slowest of {n:,} ranks: "
-                      f"+{lost:.1%} (1 + cv x {e:.2f}); the same jitter on 8 ranks costs +{ST.slowdown(8, cv) - 1:.1%}."),
+                      f"+{lost:.1%} (1 + cv x {e:.2f}); the same jitter on 8 ranks costs +{ST.slowdown(8, cv) - 1:.1%}."
+                      + cost),
              fix=("Nothing to fix here." if v == "pass" else
                   "Find and fix the noisy ranks (trace audit: who arrives last; pin CPU threads, check clocks and "
                   "thermals), or shrink the barrier's reach (fewer synchronous points per step)."),
              source=PROFILE_SOURCE)
 
 
-def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None) -> pd.DataFrame:
+def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None,
+                      gpu_key: str | None = None) -> pd.DataFrame:
     """Padding waste and pipeline bubble of the plan; returns the padding table."""
     lens = lengths(profile, profile_path)
     seq_len = profile.model.seq_len
@@ -118,6 +123,11 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
     wrong = P.wrong_bubble(t.pp, t.microbatches)
     zb = Z.bubble_equal_times(t.pp, t.microbatches)
     v, words = judge(frac, warn=BUBBLE_WARN, fail=BUBBLE_FAIL, higher_is_better=False, fmt="{:.0%}")
+    ps = S.plan_step(profile, gpu_key)
+    in_step = ("" if ps is None or t.pp == 1 else
+               f" In the plan's step model the bubble is {ps.terms['bubble_s']:.3g} s of the {ps.step_s:.3g} s step "
+               f"({ps.terms['bubble_s'] / ps.step_s:.1%}: the slowest stage, the one with the output layer, sets each "
+               "slot, and exposed communication per slot idles with it).")
     plan = f"pp={t.pp}, m={t.microbatches}, {t.pipeline_schedule}" + (f", v={v_chunks}" if v_chunks > 1 else "")
     sink.add(id="load_balance/bubble_fraction", value=frac, unit="fraction", verdict=v, threshold=words,
              message=(f"{plan}: the pipeline idles (p-1)/(v m + p-1) = {frac:.1%} of the step"
@@ -125,16 +135,16 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
                          f"; the field report's (p-1)/(m p) would say {wrong:.1%}, wrong: it divides the p-1 fill and "
                          "drain slots by p m, as if the step lasted p m slots of one stage. A zero-bubble "
                          f"schedule (ZB-H1, 1F1B's peak memory) would idle {zb:.1%} with equal forward, input- and "
-                         "weight-gradient times, if splitting the backward costs nothing extra.")),
+                         "weight-gradient times, if splitting the backward costs nothing extra.")) + in_step,
              fix=("More micro-batches (under 10 % needs m > 9 (p-1); GPipe's m >= 4 p still leaves 16-20 %), an "
                   "interleaved schedule (v chunks per GPU divide the bubble by v), a zero-bubble schedule (ZB-H1: "
                   "about a third of 1F1B's bubble), or fewer stages."),
-             source=PROFILE_SOURCE)
+             source=PROFILE_SOURCE, terms=None if ps is None else {"bubble_s": ps.terms["bubble_s"], "step_s": ps.step_s})
     sink.add(id="load_balance/bubble_over_ideal", value=over, unit="fraction", verdict="info",
              threshold="recorded for reference (Narayanan et al. 2021's bubble time fraction)",
              message=f"{plan}: bubble time over ideal compute time (p-1)/(v m) = {over:.1%}.",
              fix="More micro-batches or interleaving.", source=PROFILE_SOURCE)
-    add_straggler_finding(sink, profile)
+    add_straggler_finding(sink, profile, gpu_key)
     return table
 
 

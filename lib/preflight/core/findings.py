@@ -14,7 +14,9 @@ only that. Fields:
                 from, ``(p90 - p10) / median`` (``preflight compare --fail-on-regression`` ignores a move
                 smaller than it);
 - ``per_rank``  optional, a finding computed on each rank of a job (its traces): every rank's value,
-                ``{"0": 0.12, "1": 0.31, ...}``; ``value`` is then the worst rank's.
+                ``{"0": 0.12, "1": 0.31, ...}``; ``value`` is then the worst rank's;
+- ``terms``     optional, the named parts of a value (the step model's terms in seconds), for a reader
+                that sets them beside another source's (the plan-vs-trace table).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class Finding:
     source: str
     noise: float | None = None
     per_rank: dict[str, float | None] | None = None
+    terms: dict[str, float | None] | None = None
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):
@@ -59,6 +62,9 @@ class Finding:
             self.value = float(self.value)
             if not math.isfinite(self.value):    # JSON has no inf/nan: the message says "unbounded"
                 self.value = None
+        if self.terms is not None:
+            self.terms = {str(k): (None if v is None or not math.isfinite(float(v)) else float(v))
+                          for k, v in self.terms.items()}
         if self.per_rank is not None:
             self.per_rank = {str(k): (None if v is None or not math.isfinite(float(v)) else float(v))
                              for k, v in self.per_rank.items()}

@@ -156,11 +156,13 @@ class Cluster(_Strict):
 
 class Training(_Strict):
     # One GPU's share of one optimizer step at the target layout (forward + backward of all its
-    # micro-batches; serial: data waits, barriers, eval, logging). Under weak scaling (the default) that
-    # is also one GPU's step at every smaller scale: the per-GPU batch is fixed. Under strong scaling the
-    # global batch is fixed and the profile's step is the work that N GPUs share (Amdahl's framing).
-    step_compute_s: Annotated[float, Field(ge=1e-6, le=1e5, description="parallelisable compute of one GPU's "
-                                           "step at the target layout, s")] = 0.8
+    # micro-batches), as the team measured it. Empty (the default): the chapters use the step model's
+    # prediction (preflight.chapters.step) and say so; stated: the prediction stands beside it and their
+    # ratio is judged. Under weak scaling (the default) that is also one GPU's step at every smaller
+    # scale; under strong scaling the stated figure is the work that N GPUs share (Amdahl's framing).
+    step_compute_s: Annotated[float | None, Field(ge=1e-6, le=1e5, description="measured compute of one GPU's "
+                                                  "step at the target layout, s; empty: predicted by the step "
+                                                  "model (preflight.chapters.step)")] = None
     step_serial_s: Annotated[float, Field(ge=0, le=1e5, description="serial part of one GPU's step, s")] = 0.09
     scaling: Literal["weak", "strong"] = Field("weak", description="weak: the per-GPU batch is fixed as GPUs are "
                                                "added; strong: the global batch is fixed")
@@ -343,16 +345,6 @@ class Profile(_Strict):
     def replicas(self) -> int:
         """Ranks holding the same weights: dp x cp (the gradients reduce, and ZeRO shards, over them)."""
         return self.dp * self.training.cp
-
-    @property
-    def gpu_step_s(self) -> tuple[float, float]:
-        """(serial, compute) seconds of one GPU's step at the target layout.
-
-        Weak scaling: the profile's figures. Strong scaling: the profile's step is the fixed work all
-        ``gpus`` share, so each GPU computes ``step_compute_s / gpus`` (the serial part does not shrink).
-        """
-        t = self.training
-        return t.step_serial_s, t.step_compute_s / (self.gpus if t.scaling == "strong" else 1)
 
     @property
     def nics_per_node(self) -> int:

@@ -63,10 +63,10 @@ conventions (Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` counts recompute: a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import context as CP
-from .comm import BYTES_PER_ELEMENT, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
+from .comm import BYTES_PER_ELEMENT, NVLS_GAIN, NVLS_MIN_LOCAL, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
 from .flops import train_flops_per_token
 from .moe import Experts, active_params, all_to_all_s, params_per_gpu
 
@@ -173,6 +173,7 @@ class Cluster:
     inter_node_Gbps: float
     nics_per_node: int
     chip: str | None = None
+    in_network: str = "none"        # comm.IN_NETWORK: NVLink SHARP in a node, InfiniBand SHARP across nodes
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ class StepTime:
     compute_s: float                # all compute of the step on this GPU's slowest stage
     efficiency: float
     bubble: float                   # (p-1)/(v m): bubble over ideal time
+    bubble_s: float                 # the pipeline's idle slots: (p-1)/v of the slowest stage's micro-batch
     tp_comm_s: float                # tensor-parallel communication, all of it
     tp_exposed_s: float
     pp_comm_s: float
@@ -188,6 +190,9 @@ class StepTime:
     cp_exposed_s: float             # the part of it attention does not hide
     dp_comm_s: float                # the data-parallel traffic's time
     dp_exposed_s: float             # the part not hidden behind compute
+    dp_bytes: float                 # data-parallel bytes each rank sends per step (gradients, gathered weights)
+    dp_ranks: int                   # the dense weights' replicas: dp x cp
+    edp_ranks: int                  # the routed experts' replicas (expert data parallelism); 1 for a dense model
     serial_s: float
     step_s: float
     tokens_per_s_per_gpu: float
@@ -234,6 +239,53 @@ def _ring(buffer: float, ranks: int, bw_GBps: float, alpha: float) -> float:
     return (ranks - 1) / ranks * buffer / (bw_GBps * 1e9) + (ranks - 1) * alpha
 
 
+def expert_dp(lay: Layout) -> int:
+    """Ranks that hold the same routed experts, over which their gradients reduce (Megatron's expert-data-
+    parallel group): ``tp x dp x cp / ep`` (experts are not split by tp here: ``moe.params_per_gpu``)."""
+    return max(1, lay.tp * lay.dp * lay.cp // lay.ep)
+
+
+def _dp_link(cluster: Cluster, ranks: int, stride: int, pp: int):
+    """The rail-aware ring of a gradient group of ``ranks`` members ``stride`` ranks apart, and whether the
+    network reduces its all-reduce: ``(link, "nvls" | "sharp" | None)`` (``comm.allreduce_plan``'s rules:
+    NVLink SHARP with 5 or more local ranks inside a node, InfiniBand SHARP across nodes)."""
+    place = dp_placement(ranks, stride, pp, cluster.gpus_per_node)
+    link = allreduce_link(place, intra_node_GBps=cluster.intra_node_GBps, inter_node_Gbps=cluster.inter_node_Gbps,
+                          nics_per_node=cluster.nics_per_node, gpus_per_node=cluster.gpus_per_node)
+    net = cluster.in_network
+    if "nvls" in net and link.name == "intra-node" and place.ranks_per_node >= NVLS_MIN_LOCAL:
+        return replace(link, busbw_GBps=link.busbw_GBps * NVLS_GAIN), "nvls"
+    if "sharp" in net and link.name == "inter-node":
+        return link, "sharp"
+    return link, None
+
+
+def _dp_collectives(zero_stage: int, g_bytes: float, w_bytes: float, ranks: int, link_net) -> tuple[float, float, float]:
+    """One gradient group's collectives per step: (reduction s, weight gather s, bytes each rank sends).
+
+    ZeRO-0 (DDP): a ring all-reduce of the gradients in ``BUCKET_BYTES`` buckets, each paying NCCL's tree
+    latency ``2 log2(D) alpha``: ``2 (D-1)/D`` of the gradient bytes. ZeRO-1/2 (Megatron's distributed
+    optimizer, DeepSpeed): a reduce-scatter of the gradients, then an all-gather of the updated 16-bit
+    weights: ``(D-1)/D`` of each. InfiniBand SHARP reduces an all-reduce in the switches: each rank sends
+    its buffer once, at the tree's latency."""
+    link, net = link_net
+    bw, alpha = link.busbw_GBps, link.latency_s
+    if zero_stage == 0 and net == "sharp":
+        return g_bytes / (bw * 1e9) + 2 * math.ceil(math.log2(ranks)) * alpha, 0.0, g_bytes
+    if zero_stage == 0:
+        buckets = max(1, math.ceil(g_bytes / BUCKET_BYTES))
+        tree = 2 * math.ceil(math.log2(ranks)) * alpha
+        return 2 * (ranks - 1) / ranks * g_bytes / (bw * 1e9) + buckets * tree, 0.0, 2 * (ranks - 1) / ranks * g_bytes
+    return _ring(g_bytes, ranks, bw, alpha), _ring(w_bytes, ranks, bw, alpha), (ranks - 1) / ranks * (g_bytes + w_bytes)
+
+
+def red_bytes(zero_stage: int, groups, grad_dtype: str) -> float:
+    """Bytes of one reduce-scatter of every group's gradients (what ZeRO-2 repeats on each micro-batch)."""
+    if zero_stage != 2:
+        return 0.0
+    return sum((r - 1) / r * p * BYTES_PER_ELEMENT[grad_dtype] for p, r, _ in groups if r > 1)
+
+
 def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float | None = None,
               grad_dtype: str = "bf16", serial_s: float = 0.0, overlap: Overlap = Overlap(),
               framework: str = "fsdp2") -> StepTime:
@@ -262,16 +314,19 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
                        tp, cp, *neighbour_link(cluster, tp * cp), rate, causal=model.causal_flash)
 
     # data parallelism: the weights' replicas are dp x cp ranks (CP ranks hold the same weights); the
-    # rail-aware bandwidth and per-hop latency of that group
+    # rail-aware bandwidth and per-hop latency of that group. Routed experts reduce over their own
+    # expert-data-parallel group instead (Megatron's expert_data_parallel group): tp x dp x cp / ep ranks,
+    # ep x tp apart in rank order (experts are not split by tp here: ``moe.params_per_gpu``).
     dp = dp * cp
-    link = allreduce_link(dp_placement(dp, tp, pp, cluster.gpus_per_node), intra_node_GBps=cluster.intra_node_GBps,
-                          inter_node_Gbps=cluster.inter_node_Gbps, nics_per_node=cluster.nics_per_node,
-                          gpus_per_node=cluster.gpus_per_node) if dp > 1 else None
     dense, routed = params_per_gpu(model.params, h, model.experts, tp, pp, lay.ep)
-    per_rank = dense + routed          # experts' gradients reduce over dp / ep ranks: counted over dp (an upper bound)
+    edp = expert_dp(lay) if model.experts is not None else 1
+    groups = [(dense, dp, tp)] + ([(routed, edp, tp * lay.ep)] if routed > 0 else [])
+    links = {(ranks, stride): _dp_link(cluster, ranks, stride, pp) for _, ranks, stride in groups if ranks > 1}
+    per_rank = dense + routed
     g_bytes, w_bytes = per_rank * BYTES_PER_ELEMENT[grad_dtype], per_rank * 2.0
     z3_layer = 0.0
-    if dp > 1 and lay.zero_stage >= 3:                          # per layer, per micro-batch
+    if dp > 1 and lay.zero_stage >= 3:                          # per layer, per micro-batch, over every replica
+        link = links[(dp, tp)][0]
         n_ag, n_rs = ((math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][0]),
                        math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][1]))
                       if framework in ZERO3_BUCKETS else (1, 1))
@@ -302,39 +357,42 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         one = ACTIVATION_BYTES * tokens_mb * h / tp / (bw * 1e9) + (NIC_LATENCY_S if across else NVLINK_LATENCY_S)
         pp_comm = 2 * v * m * one
 
-    dp_time = dp_exposed = 0.0
+    dp_time = dp_exposed = dp_bytes = 0.0
     last_bwd = layers_stage * t_bwd                              # the last micro-batch's backward
     first_fwd = layers_stage * t_fwd
-    if dp > 1:
-        bw, alpha = link.busbw_GBps, link.latency_s
-        if lay.zero_stage == 0:
-            buckets = max(1, math.ceil(g_bytes / BUCKET_BYTES))
-            tree = 2 * math.ceil(math.log2(dp)) * alpha                # NCCL's tree for each bucket's latency
-            dp_time = 2 * (dp - 1) / dp * g_bytes / (bw * 1e9) + buckets * tree
-            dp_exposed = max(0.0, dp_time - last_bwd) if overlap.grad_reduce else dp_time
-        elif lay.zero_stage in (1, 2):
-            rs, ag = _ring(g_bytes, dp, bw, alpha), _ring(w_bytes, dp, bw, alpha)
-            rs_n = m if lay.zero_stage == 2 else 1
-            dp_time = rs_n * rs + ag
-            hid_rs = max(0.0, rs - last_bwd) if overlap.grad_reduce else rs
-            # Megatron's --overlap-param-gather hides it behind the next step's first forward; DeepSpeed
-            # gathers inside optimizer.step(), before the next forward can start
-            hid_ag = max(0.0, ag - first_fwd) if overlap.param_gather and framework != "deepspeed" else ag
-            dp_exposed = rs_n * hid_rs + hid_ag
-        else:
-            dp_time = m * model.layers / pp * (2 * ag + rs)
-            dp_exposed = (m + (pp - 1) / v if pp > 1 else m) * layers_stage * z3_layer
-            pipe -= dp_exposed                                   # counted once, as data-parallel time
+    if lay.zero_stage >= 3 and dp > 1:
+        dp_time = m * model.layers / pp * (2 * ag + rs)
+        dp_bytes = m * (dp - 1) / dp * (2 * w_bytes + g_bytes)
+        dp_exposed = (m + (pp - 1) / v if pp > 1 else m) * layers_stage * z3_layer
+        pipe -= dp_exposed                                       # counted once, as data-parallel time
+    elif dp > 1:
+        red = gat = 0.0                                          # dense over dp x cp, experts over edp
+        for params, ranks, stride in groups:
+            if ranks > 1 and params > 0:
+                r_, g_, b_ = _dp_collectives(lay.zero_stage, params * BYTES_PER_ELEMENT[grad_dtype], params * 2.0,
+                                             ranks, links[(ranks, stride)])
+                red, gat, dp_bytes = red + r_, gat + g_, dp_bytes + b_
+        rs_n = m if lay.zero_stage == 2 else 1                   # ZeRO-2 reduce-scatters every micro-batch
+        dp_time = rs_n * red + gat
+        dp_bytes += (rs_n - 1) * red_bytes(lay.zero_stage, groups, grad_dtype)
+        hid_rs = max(0.0, red - last_bwd) if overlap.grad_reduce else red
+        # Megatron's --overlap-param-gather hides it behind the next step's first forward; DeepSpeed
+        # gathers inside optimizer.step(), before the next forward can start
+        hid_ag = max(0.0, gat - first_fwd) if overlap.param_gather and framework != "deepspeed" else gat
+        dp_exposed = rs_n * hid_rs + hid_ag
     step = serial_s + pipe + pp_comm + dp_exposed
+    tp_exposed, cp_exposed, a2a = (m * layers_stage * tp_exposed_layer, m * layers_stage * cp_x.ring_exposed_s,
+                                   m * moe_stage * a2a_layer)
+    bubble_s = max(0.0, pipe - compute - tp_exposed - cp_exposed - a2a)       # (p-1)/v slots of the slowest stage
     tokens = m * b * s                                           # one replica's tokens (cp GPUs share each sequence)
     model_flops = train_flops_per_token(model.active, model.layers, h, s) * tokens / (tp * pp * cp)
     hw = model_flops * recompute_factor(lay.activation_recompute, model.active, model.layers, h, s)
     peak = cluster.peak_tflops * 1e12
     tp_all = m * layers_stage * tp_layer
     return StepTime(compute_s=compute, efficiency=eff, bubble=(pp - 1) / (v * m) if pp > 1 else 0.0,
-                    tp_comm_s=tp_all, tp_exposed_s=m * layers_stage * tp_exposed_layer, pp_comm_s=pp_comm,
-                    a2a_s=m * moe_stage * a2a_layer, cp_comm_s=m * layers_stage * cp_x.comm_s,
-                    cp_exposed_s=m * layers_stage * cp_x.ring_exposed_s,
-                    dp_comm_s=dp_time, dp_exposed_s=dp_exposed, serial_s=serial_s, step_s=step,
+                    bubble_s=bubble_s, tp_comm_s=tp_all, tp_exposed_s=tp_exposed, pp_comm_s=pp_comm,
+                    a2a_s=a2a, cp_comm_s=m * layers_stage * cp_x.comm_s, cp_exposed_s=cp_exposed,
+                    dp_comm_s=dp_time, dp_exposed_s=dp_exposed, dp_bytes=dp_bytes, dp_ranks=dp, edp_ranks=edp,
+                    serial_s=serial_s, step_s=step,
                     tokens_per_s_per_gpu=tokens / step / (tp * pp * cp), mfu=model_flops / step / peak,
                     hfu=hw / step / peak)

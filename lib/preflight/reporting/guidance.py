@@ -14,7 +14,8 @@ Two rules, both from the findings' own data (``verdict``, ``value``, ``threshold
 2. **What a fix buys** is ranked by the verdict first (fail, then warn), then by its **consequence**
    (:data:`CONSEQUENCE`): a plan that cannot start or finish (out of memory at the first step, a
    checkpoint interval longer than the walltime) before time lost on every step, before a factor
-   missed (a speedup, a ratio); then by how many times the
+   missed (a speedup, a ratio); among time lost, by the share of the run lost where the finding says it
+   (:data:`TIME_LOST`: the step model's bubble and exposed communication, the run's waste); then by how many times the
    deciding number misses its pass bound: ``value / bound`` when lower is better, ``bound / value``
    when higher is better. That factor is what the fix has to move the number by: Amdahl's 9.89x
    against "pass >= 2048x" is 207 times short; padding waste of 68.4 % against "pass <= 10%" is 6.8
@@ -92,12 +93,33 @@ def shortfall(finding: dict) -> float | None:
     return t.pass_bound / v if t.higher_is_better else v / t.pass_bound
 
 
+# The share of the run's time a finding says is lost, read from its value: the one step model's terms
+# (bubble, exposed communication, what the step is not work) and the run's waste. Time lost ranks the fixes
+# that buy time before a threshold's shortfall does (2 % of the run lost ranks below 40 %, whatever bounds
+# each was judged on).
+TIME_LOST = {"baseline/scaling_efficiency_at_target": lambda v: 1.0 - v,
+             "communication/exposed_comm_share": lambda v: v,
+             "load_balance/bubble_fraction": lambda v: v,
+             "load_balance/padding_waste": lambda v: v,
+             "load_balance/straggler_slowdown": lambda v: v / (1.0 + v),
+             "fault_tolerance/expected_waste": lambda v: v,
+             "fault_tolerance/checkpoint_interval_extra_waste": lambda v: v}
+
+
+def time_lost(finding: dict) -> float | None:
+    """The share of the run's time the finding says is lost (:data:`TIME_LOST`), None where it says none."""
+    f, v = TIME_LOST.get(finding["id"]), finding.get("value")
+    return None if f is None or v is None else max(0.0, min(1.0, f(v)))
+
+
 def rank_key(finding: dict) -> tuple:
-    """Sort key, largest first: verdict, consequence, then a deciding number, its shortfall, any number."""
+    """Sort key, largest first: verdict, consequence, the share of time lost where the finding says it,
+    then a deciding number, its shortfall, any number."""
     s = shortfall(finding)
     judged = VERDICT_RANK[finding["verdict"]] >= VERDICT_RANK["warn"]      # among passes: the closest to failing
-    return (VERDICT_RANK[finding["verdict"]], consequence(finding) if judged else 0, decides(finding),
-            s if s is not None else 0.0,
+    lost = time_lost(finding) if judged else None
+    return (VERDICT_RANK[finding["verdict"]], consequence(finding) if judged else 0,
+            lost is not None, lost or 0.0, decides(finding), s if s is not None else 0.0,
             finding.get("value") is not None)
 
 

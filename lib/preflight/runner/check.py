@@ -48,13 +48,13 @@ def plan_findings(profile: Profile, profile_path: str | Path | None = None, devi
         device = None
 
     sinks = {c.number: FindingSink(chapter=c.name) for c in CHAPTERS}
-    B.add_plan_findings(sinks[1], profile, B.plan_curve(profile), gpu_key)      # 01_baseline's order
+    B.add_plan_findings(sinks[1], profile, B.plan_curve(profile, None, gpu_key), gpu_key)      # 01_baseline's order
     MP.add_plan_findings(sinks[1], profile, device)
     C2.add_listing_finding(sinks[2], profile)
-    C3.add_plan_findings(sinks[3], profile)
+    C3.add_plan_findings(sinks[3], profile, gpu_key)
     C3.add_topology_finding(sinks[3], profile)
-    C4.add_plan_findings(sinks[4], profile, profile_path)
-    C5.add_plan_findings(sinks[5], profile)
+    C4.add_plan_findings(sinks[4], profile, profile_path, gpu_key)
+    C5.add_plan_findings(sinks[5], profile, gpu_key)
     return {n: [asdict(f) for f in s.findings] for n, s in sinks.items()}
 
 
