@@ -58,11 +58,13 @@ def _sizes(text: str):
 
 def _owner(devices, votes_t, votes_p):
     """A thread -> the GPU most of its launches (else its process's) went to; None when it launched nothing."""
+    seen: dict = {}
+
     def own(tid):
-        if len(devices) == 1:
-            return devices[0]
-        v = votes_t.get(tid) or (votes_p.get(tid >> 24) if tid is not None else None)
-        return max(v, key=v.get) if v else None
+        if tid not in seen:
+            v = votes_t.get(tid) or (votes_p.get(tid >> 24) if tid is not None else None)
+            seen[tid] = devices[0] if len(devices) == 1 else max(v, key=v.get) if v else None
+        return seen[tid]
     return own
 
 
@@ -88,12 +90,21 @@ def _steps(nvtx: list) -> list[dict]:
     return out
 
 
+_CLASS: dict[str, str] = {}                        # kernel name -> class: a capture repeats a few hundred names
+
+
+def _class(name: str) -> str:
+    if name not in _CLASS:
+        _CLASS[name] = kernel_class(name)
+    return _CLASS[name]
+
+
 def _matmul_dtype(names, durs) -> str | None:
     """The dtype most matmul kernel time names (``cutlass::bfloat16_t``, ``..._bf16_...``), for FLOPs whose
     op ranges record shapes but no types."""
     t: dict[str, int] = {}
     for n, d in zip(names, durs):
-        if kernel_class(n) == "matmul":
+        if _class(n) == "matmul":
             low = n.lower()
             dt = next((k for k, words in _DTYPE_IN_NAME if any(w in low for w in words)), None)
             if dt:
@@ -160,7 +171,7 @@ def read_export(path: str | Path) -> tuple[list[RankEvents], dict]:
         args = []
         for g, i in mine:
             a = dict(g[8])
-            if g[7] == "kernel" and i is not None and kernel_class(g[6]) == "comm":
+            if g[7] == "kernel" and i is not None and _class(g[6]) == "comm":
                 tid, t = rt[i][4], rt[i][0]
                 kind = _innermost(colls[tid], starts[tid], t) if tid in colls else None
                 if kind:

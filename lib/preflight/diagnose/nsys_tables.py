@@ -22,13 +22,18 @@ import sqlite3
 from pathlib import Path
 
 from preflight.diagnose.trace_file import TraceError
+from preflight.diagnose.trace_kernels import FLOP_OPS
 
 SUFFIX = ".sqlite"
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 SCHEMA_MAJORS = (3,)                       # read and tested: 3.24.14 (nsys 2026.1), 3.25.0 (nsys 2026.2)
 _SUFFIXES = re.compile(r", (seq|op_id|sizes|input_op_ids|stream) = .*$", re.DOTALL)
 STEP = re.compile(r"^(ProfilerStep#\d+|(train[_ ]?)?(step|iteration|iter)([ _#:-]*\d+)?)$", re.IGNORECASE)
-_KEEP = re.compile(r"^(ProfilerStep#|nccl:|gloo:|c10d::|record_param_comms$)|DataLoader|^aten::")
+_KEEP = re.compile(r"^(ProfilerStep#|nccl:|gloo:|c10d::|record_param_comms$)|DataLoader")
+# the same, as LIKE patterns (a superset: SQLite's LIKE ignores ASCII case, '_' matches any character), so the
+# millions of other ranges an emit_nvtx capture holds (aten::view, aten::empty...) are never fetched
+_LIKE = ("ProfilerStep#%", "nccl:%", "gloo:%", "c10d::%", "record_param_comms%", "%DataLoader%", "%step%", "%iter%",
+         *FLOP_OPS, *(f"{op},%" for op in FLOP_OPS))
 # CUPTI's enums, used where the export has no ENUM_* table (the synthetic ones)
 COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
              10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
@@ -182,7 +187,8 @@ def runtime_rows(ex: Export, same_pid: bool, notes: list) -> list[tuple]:
 
 
 def nvtx_rows(ex: Export, notes: list) -> list[tuple]:
-    """(start, end, name, tid, text) of the NVTX ranges a verdict reads (:data:`_KEEP`)."""
+    """(start, end, name, tid, text) of the NVTX ranges a verdict reads (:data:`_KEEP`, :data:`STEP`, the FLOP
+    ops); the name without PyTorch's suffixes, the text whole."""
     t = "NVTX_EVENTS"
     if not ex.table(t):
         notes.append("no NVTX_EVENTS: no steps (the window is the whole capture), no DataLoader, no collective names")
@@ -192,10 +198,11 @@ def nvtx_rows(ex: Export, notes: list) -> list[tuple]:
     if "textId" in c:
         text = f'coalesce({text}, (SELECT value FROM StringIds s WHERE s.id = n."textId"))'
     out = []
-    for s, e, tid, txt in ex.q(f'SELECT "start", "end", {_col(ex, t, "globalTid")}, {text} FROM "{ex.table(t)}" n '
-                               'WHERE "end" IS NOT NULL AND "end" >= "start"'):
-        name = _SUFFIXES.sub("", txt) if txt else ""
-        if name and (_KEEP.search(name) or STEP.match(name)):
+    like = " OR ".join(["txt LIKE ?"] * len(_LIKE))
+    for s, e, tid, txt in ex.q(f'SELECT * FROM (SELECT "start", "end", {_col(ex, t, "globalTid")}, {text} AS txt '
+                               f'FROM "{ex.table(t)}" n WHERE "end" IS NOT NULL AND "end" >= "start") WHERE {like}', _LIKE):
+        name = _SUFFIXES.sub("", txt) if isinstance(txt, str) else ""
+        if name and (_KEEP.search(name) or STEP.match(name) or name in FLOP_OPS):
             out.append((s, e, name, tid, txt))
     return out
 
