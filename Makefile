@@ -55,7 +55,7 @@ bytecode: setup
 report: bytecode
 	$(PY) -m preflight audit $(PROFILE) $(AUDIT_ARGS)
 
-## Formulas only, no live measurement (fast).
+## Formulas only, no live measurement (fast): written to reports/<project>-plan/, beside the measured report.
 plan: bytecode
 	$(PY) -m preflight audit $(PROFILE) --plan-only $(AUDIT_ARGS)
 

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("audit", help="run the chapters on a profile and write the report")
     a.add_argument("profile", help="project profile (YAML), e.g. data/profiles/example.yaml")
-    a.add_argument("--out", help="output folder (default reports/<project>/)")
+    a.add_argument("--out", help="output folder (default reports/<project>/, with --plan-only reports/<project>-plan/)")
     a.add_argument("--plan-only", action="store_true", help="formulas only, no live measurement")
     a.add_argument("--chapters", help="comma-separated chapter numbers, e.g. 1,3 (default: all)")
     a.add_argument("--timeout", type=_timeout, default=600,  # = audit.DEFAULT_TIMEOUT_S (import-light CLI)
@@ -179,7 +179,8 @@ def cmd_audit(args) -> int:
             audit_traces(traces, None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
         except TraceError as err:
             _die(f"--traces: {err}")
-    out = Path(args.out) if args.out else Path("reports") / profile.project
+    # a plan-only audit writes beside the measured report, never over it
+    out = Path(args.out) if args.out else Path("reports") / (profile.project + ("-plan" if args.plan_only else ""))
     if out.exists() and not out.is_dir():
         _die(f"--out = {args.out!r}: exists and is not a folder")
     try:       # the workload (your model) checked before anything is written

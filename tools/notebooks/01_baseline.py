@@ -485,6 +485,26 @@ from preflight.runner.trace_section import show_traces
 job_traces = show_traces(ch, traces_dir, example=interactive)
 
 # %% [markdown]
+# **The plan against the traces.** The step model predicts each term of your plan's step (section 4's
+# `baseline/step_model`); the traces measure the same kinds of time in the job that ran. Where they part,
+# the plan's numbers are not your job's: the largest difference is named first, with the chapter that
+# explains it. A job traced at another scale or on another chip than planned is said so beside the table.
+
+# %%
+from preflight.chapters import plan_vs_trace as PVT
+
+pvt = PVT.compare(prof, job_traces, ch.gpu_key) if job_traces else None
+if pvt is not None:
+    ch.table(PVT.table(pvt))
+    ch.show("plan_vs_trace", PVT.chart(pvt))
+    for line in pvt["differences"]:
+        print("Not the planned job:", line)
+    if traces_dir:             # the team's own traces join the findings; the embedded example teaches only
+        PVT.add_finding(ch.findings, pvt, f"the plan's step model beside the traces in {traces_dir}")
+elif job_traces:
+    print("No plan-vs-trace table: the plan has no step model (the GPU's peak is unknown) or the traces no steps.")
+
+# %% [markdown]
 # ## Findings of this chapter
 
 # %%

@@ -59,6 +59,7 @@ CHART_HEADINGS = {
     "checkpoint_stall": "Training time lost per checkpoint, per method",
     "trace_timeline": "Your job's traces: one step per rank (compute, communication, copies; white is idle)",
     "trace_ranks": "Your job's traces: across ranks, best, median and worst",
+    "plan_vs_trace": "Your job's traces against the plan: the planned step and the traced one, term by term",
 }
 CHART_SCALE = 1.3          # a chart's own size reads small on a report page: drawn 1.3x, at most
 CHART_MAX_PX = 1000        # the page's width
