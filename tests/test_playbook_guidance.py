@@ -82,7 +82,8 @@ def test_next_steps_rank_the_fixes_and_say_when_nothing_is_left():
                 dict(f, id="c/c", verdict="pass", fix="fix c")]
     html = next_steps_html(findings)
     assert html.index("fix b") < html.index("fix &lt;a&gt;") and "fix c" not in html
-    assert "nothing here fails or warns" in next_steps_html(findings[2:])
+    assert "nothing in your plan fails or warns" in next_steps_html(findings[2:])
+    assert "embedded example job" in next_steps_html(findings[2:], example_shown=True)
 
 
 def test_report_pages_point_the_closing_links_at_report_pages():

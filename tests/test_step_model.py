@@ -218,3 +218,22 @@ def test_make_plan_writes_beside_the_measured_report(tmp_path):
     assert (tmp_path / "reports" / "llm-7b-pretrain-plan" / "findings.json").exists()
     assert not Path(tmp_path / "reports" / "llm-7b-pretrain").exists()
     assert "--plan-only" in (REPO / "Makefile").read_text()
+
+
+def test_a_cpu_measurement_does_not_decide_a_gpu_plan():
+    """Measured on this machine's CPU for a plan on H100s: shown, labelled, but the verdict is the plan's
+    alone (the headline no longer moves with the laptop); on ``gpu: auto`` (the plan is this machine) judged."""
+    from preflight.core.findings import FindingSink
+    from preflight.runner.chapter import Measured
+
+    build = lambda r: dict(value=3.0, verdict="fail", threshold="pass <= 1.1x, fail > 1.5x", message="m", fix="f")
+    cpu = Measured({}, "measured on CPU", {"ran_on": {"kind": "cpu"}})
+    gpu = Measured({}, "recorded on H100", {"ran_on": {"kind": "cuda"}})
+    plan = FindingSink(None, "fault_tolerance", plan_gpu="H100-SXM")
+    f = plan.measured("fault_tolerance/async_stall_ratio", cpu, "ratio", build, why_missing="", missing_fix="")
+    assert f.verdict == "info" and "unlike the plan's H100-SXM" in f.threshold and "fail" in f.threshold
+    assert plan.measured("fault_tolerance/async_stall_ratio", gpu, "ratio", build, why_missing="",
+                         missing_fix="").verdict == "fail"
+    here = FindingSink(None, "fault_tolerance", plan_gpu=None)
+    assert here.measured("fault_tolerance/async_stall_ratio", cpu, "ratio", build, why_missing="",
+                         missing_fix="").verdict == "fail"

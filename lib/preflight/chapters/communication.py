@@ -263,6 +263,8 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
                  "topology before tuning anything else.", source=sweep.source)
     fit = r["fit"]
     v, words = judge(fit["median_rel_error"], warn=FIT_WARN, fail=FIT_FAIL, higher_is_better=False, fmt="{:.0%}")
+    if not gpu and getattr(sink, "plan_gpu", None):      # gloo on this machine says nothing of the plan's links
+        v, words = "info", f"CPU processes over gloo, unlike the plan's {sink.plan_gpu}: shown, not judged; {words}"
     sink.add(id="communication/alpha_beta_fit_error", value=fit["median_rel_error"], unit="fraction", verdict=v,
              threshold=f"median relative error: {words}",
              message=(f"alpha {fit['alpha_s'] * 1e6:.3g} us, bandwidth {fit['bandwidth_GBps']:.3g} GB/s; the model is "

@@ -100,9 +100,12 @@ class FindingSink:
     ``path=None`` (interactive use) keeps them in memory only.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, chapter: str = ""):
+    def __init__(self, path: str | os.PathLike | None = None, chapter: str = "", plan_gpu: str | None = None):
         self.path = Path(path) if path else None
         self.chapter = chapter
+        # The GPU the plan names (None: ``gpu: auto``, the plan is this machine). A measurement whose record
+        # ran on a CPU is then shown, labelled, but does not decide the plan's verdict (:meth:`measured`).
+        self.plan_gpu = plan_gpu
         self.findings: list[Finding] = []
 
     def add(self, **kw) -> Finding:
@@ -136,7 +139,14 @@ class FindingSink:
         """
         if measured is None:
             return self.not_measured(fid, unit, missing_threshold, missing_fix, why_missing)
-        return self.add(**{"id": fid, "unit": unit, "source": measured.source, **build(measured.results)})
+        kw = {"id": fid, "unit": unit, "source": measured.source, **build(measured.results)}
+        rec = getattr(measured, "record", None) or {}
+        kind = (rec.get("ran_on") or {}).get("kind") or (rec.get("device") or {}).get("kind")
+        if self.plan_gpu and kind == "cpu" and kw["verdict"] in ("pass", "warn", "fail"):
+            kw["threshold"] = (f"measured on a CPU, unlike the plan's {self.plan_gpu}: shown to teach, not judged "
+                               f"(it would read {kw['verdict']} against: {kw['threshold']})")
+            kw["verdict"] = "info"
+        return self.add(**kw)
 
     def frame(self):
         import pandas as pd

@@ -55,6 +55,7 @@ class Chapter:
     _not_measured_said: list = field(default_factory=list)  # methods whose "not measured" note is shown, in order
     profile_path: Path | None = None   # a workload's file entry is relative to it
     _workload: object = None
+    example_traces_shown: bool = False  # the embedded example job's traces were shown (their verdicts are not the plan's)
 
     @property
     def device(self):
@@ -141,7 +142,8 @@ class Chapter:
 
         from IPython.display import HTML, display
 
-        display(HTML(next_steps_html([asdict(f) for f in self.findings.findings], n)))
+        display(HTML(next_steps_html([asdict(f) for f in self.findings.findings], n,
+                                     example_shown=self.example_traces_shown)))
 
     def announce(self) -> None:
         """Say where the live measurements run (or that they do not), and warn when the machine is
@@ -293,10 +295,12 @@ class Chapter:
                               json.dumps(self.measurements, indent=1), fsync=False)
 
 
-def next_steps_html(findings: list[dict], n: int = 3) -> str:
+def next_steps_html(findings: list[dict], n: int = 3, example_shown: bool = False) -> str:
     """The ``n`` fixes that buy the most among ``findings`` (``preflight.reporting.guidance.top_fixes``: failures
     first, then by how far the deciding number misses its pass bound), as a short numbered list with
-    verdict badges; or one line saying that nothing fails or warns."""
+    verdict badges; or one line saying that nothing fails or warns. ``example_shown``: the chapter showed the
+    embedded example job's traces (whose verdicts are the example's, not the plan's): said, so the summary
+    agrees with the badges above it."""
     from html import escape
 
     from preflight.reporting.guidance import top_fixes
@@ -304,10 +308,13 @@ def next_steps_html(findings: list[dict], n: int = 3) -> str:
 
     fixes = top_fixes(findings, n)
     head = "<p><b>What to change in your plan</b> (this chapter's findings on your profile"
+    example = (" The trace verdicts above are the embedded example job's, shown to teach the reading: they are not "
+               "your plan's (audit --traces DIR puts your job's here)." if example_shown else "")
     if not fixes:
-        return head + "): nothing here fails or warns. Keep the plan; re-run this chapter when it changes.</p>"
+        return (head + "): nothing in your plan fails or warns. Keep the plan; re-run this chapter when it changes."
+                + example + "</p>")
     items = "".join(f"<li>{badge(f['verdict'])} <code>{escape(f['id'])}</code>: {prose(f['fix'])}</li>" for f in fixes)
-    return head + ", the fix that buys the most first):</p><ol>" + items + "</ol>"
+    return head + ", the fix that buys the most first):" + example + "</p><ol>" + items + "</ol>"
 
 
 def start(name: str, profile_path: str | os.PathLike | None = None, findings_path: str | None = None,
@@ -323,7 +330,8 @@ def start(name: str, profile_path: str | os.PathLike | None = None, findings_pat
     profile = load_profile(profile_path or DEFAULT_PROFILE)
     quick = bool(quick) or os.environ.get("PREFLIGHT_QUICK", "") == "1"
     return Chapter(
-        name=name, profile=profile, findings=FindingSink(findings_path, name),
+        name=name, profile=profile,
+        findings=FindingSink(findings_path, name, plan_gpu=None if profile.cluster.gpu == "auto" else profile.cluster.gpu),
         measure=not plan_only and profile.measure, quick=quick,
         results_dir=Path(results_dir) if results_dir else None,
         out_dir=Path(out_dir) if out_dir else None,
