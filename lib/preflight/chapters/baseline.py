@@ -119,6 +119,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
     ps = S.plan_step(profile, gpu_key)
     if ps is not None:
         add_step_findings(sink, profile, ps)
+    add_defaults_finding(sink, profile)
     try:
         ts, tc = serial_parallel(profile, gpu_key)
     except S.NoStepError as err:
@@ -234,6 +235,20 @@ def add_plan_findings(sink: FindingSink, profile: Profile, curve: pd.DataFrame,
                "accumulation, topology-aware groups (chapter 3, communication/exposed_comm_share).")
     sink.add(id="baseline/scaling_efficiency_at_target", value=eff, unit="fraction", verdict=v,
              threshold=words, message=msg, fix=fix, source=src)
+
+
+def add_defaults_finding(sink: FindingSink, profile: Profile) -> None:
+    """``baseline/defaults_used``: every default the plan's verdicts rest on where the profile is silent, and
+    what each changes (``step.VERDICT_DEFAULTS``)."""
+    used = S.defaults_used(profile)
+    sink.add(id="baseline/defaults_used", value=len(used), unit="fields", verdict="info",
+             threshold="recorded for reference: state these in the profile where you know better",
+             message=("The profile states every field a verdict rests on." if not used else
+                      "Defaults used: " + "; ".join(f"{k} = {'empty' if v is None else f'{v:g}'} ({what})"
+                                                    for k, v, what in used) + "."),
+             fix="State your own figures (measured step, failure rate, checkpoint cost, links, sample lengths): "
+                 "`python -m preflight validate PROFILE` prints every field with the defaults filled in.",
+             source=PROFILE_SOURCE)
 
 
 def add_step_findings(sink: FindingSink, profile: Profile, ps: S.PlanStep) -> None:

@@ -281,3 +281,31 @@ def step_seconds(profile: Profile, gpu_key: str | None = None) -> tuple[float | 
     if stated is None:
         return None, "no step: training.step_compute_s not set and the GPU's peak unknown"
     return stated + profile.training.step_serial_s, "the stated step (training.step_compute_s + step_serial_s)"
+
+
+# The defaults that change a verdict when a profile leaves them empty: (section, field, what it changes).
+VERDICT_DEFAULTS = (
+    ("training", "step_serial_s", "the serial part of every step: Amdahl's ceiling, Gustafson's speedup, the step"),
+    ("training", "step_compute_s", "none: the step model predicts the compute (baseline/step_model)"),
+    ("training", "checkpoint_write_s", "C, the checkpoint's cost: the optimal interval and the expected waste"),
+    ("training", "restart_s", "the time each failure costs: the expected waste"),
+    ("training", "checkpoint_interval_s", "the plan's interval: its extra waste is not judged"),
+    ("training", "step_jitter_cv", "the stragglers' cost: not judged"),
+    ("cluster", "node_failure_per_day", "the failure rate (Llama 3's measured 3.78e-3): MTBF, interval, waste"),
+    ("cluster", "intra_node_GBps", "NVLink bandwidth: tensor-parallel and in-node data-parallel time"),
+    ("cluster", "inter_node_Gbps", "NIC bandwidth: data-parallel, pipeline and all-to-all time across nodes"),
+    ("data", "length_median", "sample lengths (lognormal): the padding waste"),
+    ("data", "length_sigma", "sample lengths (lognormal): the padding waste"),
+)
+
+
+def defaults_used(profile: Profile) -> list[tuple[str, object, str]]:
+    """(field, the default used, what it changes) for each of :data:`VERDICT_DEFAULTS` the profile left empty."""
+    out = []
+    for section, name, what in VERDICT_DEFAULTS:
+        sec = getattr(profile, section)
+        if name not in sec.model_fields_set:
+            if section == "data" and profile.data.lengths_file:
+                continue                           # real lengths replace the lognormal
+            out.append((f"{section}.{name}", getattr(sec, name), what))
+    return out
