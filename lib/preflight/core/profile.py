@@ -82,6 +82,13 @@ class Model(_Strict):
                                                    "size; empty: ffn_hidden")] = None
     moe_layers: Annotated[int | None, Field(ge=1, le=10_000, description="layers with experts; empty: every "
                                             "layer (DeepSeek-V3: 58 of 61)")] = None
+    # Attention's head sizes where they are not hidden / heads: multi-head latent attention (DeepSeek-V2/V3:
+    # queries and keys 128 + 64 rotary = 192, values 128, with 128 heads on hidden 7168) computes its scores
+    # and its weighted sum at these sizes.
+    qk_head_dim: Annotated[int | None, Field(ge=1, le=100_000, description="query/key size per head (MLA: "
+                                             "nope + rope, DeepSeek-V3 192); empty: hidden / heads")] = None
+    v_head_dim: Annotated[int | None, Field(ge=1, le=100_000, description="value size per head (DeepSeek-V3 "
+                                            "128); empty: hidden / heads")] = None
 
     @property
     def n_heads(self) -> int:
@@ -118,7 +125,10 @@ class Model(_Strict):
 # walltime, 1 s checkpoint interval, 100 MB of GPU memory, 1 byte files, 86 s of run.
 class Cluster(_Strict):
     gpu: str = Field("H100-SXM", description="key of the hardware table, or 'auto' = this machine")
-    gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+    gpus_per_node: Annotated[int, Field(ge=1, le=72)] = 8
+    nvlink_domain: Annotated[int | None, Field(ge=1, le=576, description="GPUs on one NVLink fabric: tensor-, "
+                             "expert- and context-parallel groups inside it run at NVLink speed (GB200/GB300 NVL72: "
+                             "72, over 18 nodes of 4); empty: one node (gpus_per_node)")] = None
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
     checkpoint_write_GBps: Annotated[float | None, Field(ge=1e-3, le=1e6, description="aggregate file-system write "
                                      "bandwidth the job gets, GB/s: the checkpoint's time C follows from the state's "
@@ -199,6 +209,24 @@ class Training(_Strict):
                                               "the framework's default")
     fp8: bool = Field(False, description="FP8 GEMMs (Transformer Engine, torchao): matmuls at the chip's FP8 "
                       "peak, an fp8 copy and transpose of each weight held; MFU stays stated against the bf16 peak")
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"] = Field(
+        "delayed", description="how fp8 scales (with fp8: true): delayed (Transformer Engine's DelayedScaling), "
+        "tensorwise / rowwise (torchao Float8, current scaling), blockwise (DeepSeek-V3's 1x128 / 128x128), mxfp8 "
+        "(Blackwell's MX blocks of 32)")
+    etp: Annotated[int | None, Field(ge=1, le=1024, description="expert tensor parallelism: how many ways each "
+                                     "expert's matrices are split (Megatron's --expert-tensor-parallel-size); empty: "
+                                     "tp, Megatron's default")] = None
+    moe_a2a_overlap: bool = Field(False, description="MoE all-to-alls overlapped with another micro-batch's compute "
+                                  "(DeepSeek-V3's DualPipe, Megatron's --overlap-moe-expert-parallel-comm with the "
+                                  "DeepEP / a2a dispatcher)")
+    moe_dispatch_fp8: bool = Field(False, description="MoE dispatch in fp8 (1 B per value + a scale per 128; "
+                                   "DeepSeek-V3, DeepEP); the combine stays bf16")
+    moe_node_limit: Annotated[int | None, Field(ge=1, le=100_000, description="nodes a token's experts may span "
+                              "(node-limited routing: DeepSeek-V3 4; Megatron --moe-router-num-groups / "
+                              "--moe-router-group-topk); empty: no limit")] = None
+    async_checkpoint: bool = Field(False, description="asynchronous checkpoint saves (Megatron --async-save, "
+                                   "torchtitan / DCP async_save): the training stalls only for the blocking part "
+                                   "(the copy to host memory)")
     ep: Annotated[int, Field(ge=1, le=100_000, description="expert-parallel size: GPUs a layer's experts are "
                              "spread over, carved out of data parallelism (MoE)")] = 1
     cp: Annotated[int, Field(ge=1, le=1024, description="context-parallel size: GPUs one sequence is split over "
