@@ -61,7 +61,7 @@ def rows(traces: Path = TRACES, hta_json: Path = HTA) -> list[dict]:
             h = _hta_rank(hta.get(folder.name, {"ranks": []}), r)
             q = next(x for x in a["quality"] if x["rank"] == r)
             out.append({"folder": folder.name, "rank": r, "idle": _pct(v.get("idle")), "overlap": _pct(v.get("overlap")),
-                        "exposed": _pct(v.get("exposed_comm")), "hta": h, "limits": q["limits"]})
+                        "exposed": _pct(v.get("exposed_comm_total")), "hta": h, "limits": q["limits"]})
     return out
 
 

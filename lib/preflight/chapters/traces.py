@@ -23,8 +23,11 @@ SPREAD_WARN, SPREAD_FAIL = 0.05, 0.15
 IMBALANCE_WARN, IMBALANCE_FAIL = 1.05, 1.15
 WAIT_WARN, WAIT_FAIL = 0.05, 0.15
 SYNC_WARN = 1.0                                                # synchronising calls per step
+LAUNCH_WARN, LAUNCH_FAIL = 0.05, 0.15                          # share of the window the GPU waited on launches
+PAGEABLE_MB_WARN, PAGEABLE_SHARE_WARN = 1.0, 0.01              # pageable copies worth a warning: per step, of window
 
-IDS = {"baseline": ["baseline/trace_gpu_idle", "baseline/trace_mfu"],
+IDS = {"baseline": ["baseline/trace_gpu_idle", "baseline/trace_launch_bound", "baseline/trace_mfu",
+                    "baseline/trace_critical_path"],
        "data_pipeline": ["data_pipeline/trace_loader_wait", "data_pipeline/trace_pageable_h2d",
                          "data_pipeline/trace_sync_per_step"],
        "communication": ["communication/trace_comm_overlap", "communication/trace_exposed_comm"],
@@ -35,7 +38,12 @@ IDS = {"baseline": ["baseline/trace_gpu_idle", "baseline/trace_mfu"],
 
 def audit_traces(folder, gpu_key: str | None = None, jobs: int | None = None) -> dict:
     """Read the folder and analyse it (``preflight.diagnose.trace_analysis.analyze``); raises
-    ``TraceError`` for unusable input."""
+    ``TraceError`` for unusable input. ``gpu_key``: the chip these traces ran on where they name none
+    (``traces --gpu``); MFU is judged only against the trace's chip or this one.
+
+    Each rank's view (``result["ranks"][r]``) carries the measured step terms a plan is set beside, in
+    ``step_terms`` (ms per step: compute, exposed communication per collective type, collective wait,
+    host-bound / launch-bound / queued idle, data wait, pipeline idle)."""
     return analyze(read_job(folder, jobs=jobs), gpu_key)
 
 
@@ -79,12 +87,22 @@ def baseline(a: dict) -> list[Finding]:
     def idle_words(x, r):
         w = v[r]
         return (f"the GPU ran nothing {pct(x)} of the window ({w['window']}): "
-                f"{pct(w['idle_host'] or 0)} waiting for the host to launch work, {pct(w['idle_other'] or 0)} with work "
-                f"queued (synchronisation, other devices); compute kernels ran {pct(w['compute'] or 0)}")
+                f"{pct(w['idle_host'] or 0)} waiting for the host to launch work, {pct(w.get('idle_launch') or 0)} "
+                f"waiting on kernel launches (gaps under 30 us between launched kernels), {pct(w['idle_other'] or 0)} "
+                f"with work queued (synchronisation, other streams or devices); compute kernels ran "
+                f"{pct(w['compute'] or 0)}")
     out = [_judged("baseline/trace_gpu_idle", a, "idle", "fraction", GPU_IDLE_WARN, GPU_IDLE_FAIL, False, "{:.0%}",
-                   idle_words, "Host-bound gaps: fewer, larger kernels (torch.compile, CUDA graphs, a larger "
-                   "micro-batch); queued gaps: remove synchronising calls (.item(), .cpu(), printing losses each step).",
-                   "no GPU events in the window (a CPU-only trace)")]
+                   idle_words, _idle_fix(a), "no GPU events in the window (a CPU-only trace)")]
+
+    def launch_words(x, r):
+        st = v[r].get("launch") or {}
+        us = (lambda ns: "n/a" if ns is None else f"{ns / 1e3:.3g} us")
+        return (f"the GPU waited on kernel launches {pct(x)} of the window: {num(st.get('kernels_per_step') or 0)} "
+                f"kernels per step, median kernel {us(st.get('median_kernel_ns'))}, median launch call "
+                f"{us(st.get('median_launch_call_ns'))}, median launch-to-start {us(st.get('median_launch_to_start_ns'))}"
+                + ("; launch-bound: the kernels finish faster than the CPU launches them" if x > LAUNCH_WARN else ""))
+    out.append(_judged("baseline/trace_launch_bound", a, "idle_launch", "fraction", LAUNCH_WARN, LAUNCH_FAIL, False,
+                       "{:.0%}", launch_words, LAUNCH_FIX, "no GPU events in the window (a CPU-only trace)"))
     out.append(_judged("baseline/trace_mfu", a, "mfu", "fraction", MFU_WARN, MFU_FAIL, True, "{:.0%}",
                        lambda x, r: (f"{num(v[r]['tflops'])} TFLOP/s achieved over the window, {pct(x)} of "
                                      f"{v[r]['chip']}'s dense {v[r]['peak_dtype']} peak ({num(v[r]['peak_tflops'])} "
@@ -92,8 +110,58 @@ def baseline(a: dict) -> list[Finding]:
                                      + ("" if v[r]["chip_source"] == "trace" else
                                         f"; the chip is {v[r]['chip_source']}, the trace does not name it")),
                        "Profile the largest kernels (chapter 1's op table); raise the matmul share before scaling.",
-                       next((x["mfu_why"] for x in v.values() if x.get("mfu_why")), "no FLOPs")))
+                       next((x["mfu_why"] for x in v.values() if x.get("mfu_why")), "no FLOPs"),
+                       extra=lambda r: (f"; FLOPs were countable for {pct(v[r]['flop_coverage'])} of the matmul / conv / "
+                                        "attention kernel time (the rest reads as zero: MFU is a lower bound)"
+                                        if v[r].get("flop_coverage") is not None and v[r]["flop_coverage"] < 0.95
+                                        else "")))
+    out.append(critical_path_finding(a))
     return out
+
+
+LAUNCH_FIX = ("Fewer, larger launches: CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs), "
+              "torch.compile to fuse elementwise kernels, a larger micro-batch per launch.")
+
+
+def _idle_fix(a: dict) -> str:
+    """The fix for the worst rank's largest idle cause."""
+    v = [x for x in a["ranks"].values() if x.get("idle") is not None]
+    if not v:
+        return ""
+    w = max(v, key=lambda x: x["idle"])
+    parts = {"host": w.get("idle_host") or 0, "launch": w.get("idle_launch") or 0, "queued": w.get("idle_other") or 0}
+    return {"host": "Host-bound gaps: find what the CPU does between launches (the data loader, Python overhead, a "
+                    "blocking copy); keep the GPU fed ahead of time (prefetch, non_blocking copies).",
+            "launch": "Launch-bound gaps: " + LAUNCH_FIX,
+            "queued": "Queued gaps: remove synchronising calls (.item(), .cpu(), printing losses each step) and "
+                      "cross-stream waits between compute and communication."}[max(parts, key=parts.get)]
+
+
+def critical_path_finding(a: dict) -> Finding:
+    """What bounds each rank's window: the kind of work with the most time on its critical path."""
+    v = {r: x["critical"] for r, x in a["ranks"].items() if x.get("critical")}
+    per = {str(r): c["shares"]["compute"] + c["shares"]["copy"] for r, c in sorted(v.items())}
+    words = "pass when compute is the largest part of the critical path; warn when the CPU or communication is"
+    if not v:
+        return Finding(id="baseline/trace_critical_path", value=None, unit="fraction", verdict="info", threshold=words,
+                       message="not read: no GPU events in the window", fix="", source=_source(a))
+    r = min(per, key=per.get)
+    c = v[int(r)]
+    sh = c["shares"]
+    chain = ", ".join(f"{x['name'][:60]} ({num(x['ns'] / 1e6)} ms)" for x in c["chain"][:4])
+    msg = (f"rank {r}'s window is {c['bound']}-bound: of its {num(c['total_ms'])} ms critical path, compute "
+           f"{pct(sh['compute'])}, copies {pct(sh['copy'])}, communication {pct(sh['comm'])}, waiting for a late peer "
+           f"{pct(sh['wait'])}, CPU (launches, host work) {pct(sh['cpu'])}, unexplained idle {pct(sh['idle'])}; "
+           f"the chain: {chain or 'CPU work only'}")
+    fix = {"compute": "Nothing to fix here: the GPU's own work sets the step; faster kernels (chapter 1) shorten it.",
+           "cpu": "The CPU sets the step: " + LAUNCH_FIX + " Move host work (logging, .item()) off the step.",
+           "communication": ("A late peer sets the step: see load_balance/trace_collective_wait."
+                             if sh["wait"] > sh["comm"] else
+                             "Communication sets the step: overlap it with compute (DDP buckets, FSDP prefetch), "
+                             "fewer, larger messages.")}[c["bound"]]
+    return Finding(id="baseline/trace_critical_path", value=per[r], unit="fraction",
+                   verdict="pass" if c["bound"] == "compute" else "warn", threshold=words, message=msg, fix=fix,
+                   source=_source(a), per_rank=per)
 
 
 def data_pipeline(a: dict) -> list[Finding]:
@@ -113,11 +181,15 @@ def data_pipeline(a: dict) -> list[Finding]:
     else:
         h = v[rank]["h2d"]
         parts = ", ".join(f"{d['count']} {k} ({num(d['bytes'] / 1e6)} MB, {num(d['ns'] / 1e6)} ms)" for k, d in h.items())
+        heavy = any((x.get("pageable_mb_per_step") or 0) >= PAGEABLE_MB_WARN
+                    or (x.get("pageable_share") or 0) >= PAGEABLE_SHARE_WARN for x in v.values())
         out.append(Finding(id="data_pipeline/trace_pageable_h2d", value=worst, unit="count",
-                           verdict="warn" if worst > 0 else "pass", threshold="pass <= 0",
+                           verdict="warn" if heavy else "pass",
+                           threshold=f"warn when pageable copies move >= {PAGEABLE_MB_WARN:g} MB per step or take >= "
+                                     f"{PAGEABLE_SHARE_WARN:.0%} of the window",
                            message=(f"host-to-device copies in the window on rank {rank}: {parts or 'none'}; a pageable "
                                     "copy is staged through a pinned buffer and blocks the host"),
-                           fix=("DataLoader(pin_memory=True) and .to(device, non_blocking=True)" if worst > 0
+                           fix=("DataLoader(pin_memory=True) and .to(device, non_blocking=True)" if heavy
                                 else "Nothing to fix here."), source=_source(a), per_rank=per))
     out.append(_judged("data_pipeline/trace_sync_per_step", a, "sync_per_step", "calls/step", SYNC_WARN, 1e9, False,
                        "{:g}", lambda x, r: (f"{num(x)} synchronising runtime calls per step on rank {r} ("
@@ -146,7 +218,11 @@ def communication(a: dict) -> list[Finding]:
                    "no collective on the compute stream, no synchronisation between backward and the optimizer.",
                    "no communication kernels in the window (one rank, or CPU-side collectives only)", extra=types)]
     out.append(_judged("communication/trace_exposed_comm", a, "exposed_comm", "fraction", EXPOSED_WARN, EXPOSED_FAIL,
-                       False, "{:.0%}", lambda x, r: f"communication ran alone (not under compute) {pct(x)} of the window",
+                       False, "{:.0%}", lambda x, r: (f"communication transfers ran alone (not under compute) {pct(x)} "
+                                                    "of the window"
+                                                    + (f"; a further {pct(v[r]['exposed_wait'])} was collectives waiting "
+                                                       "for a late peer, counted in load_balance/trace_collective_wait"
+                                                       if v[r].get("exposed_wait") else "")),
                        "Overlap it (above); fewer, larger messages (bucketing); bf16 gradients halve the bytes.",
                        "no communication kernels in the window"))
     return out
@@ -161,8 +237,10 @@ def load_balance(a: dict) -> list[Finding]:
         verdict, words = judge(val, warn=SPREAD_WARN, fail=SPREAD_FAIL, higher_is_better=False, fmt="{:.0%}")
         out.append(Finding(id="load_balance/trace_step_spread", value=val, unit="fraction", verdict=verdict,
                            threshold=words, source=src,
-                           message=f"mean step time differs by {pct(val)} across ranks (slowest: rank "
-                                   f"{c['slowest_step_rank']}, {num(v[c['slowest_step_rank']]['step_ms'])} ms)",
+                           message=f"the median step time differs by {pct(val)} across ranks on the steps they share, "
+                                   "the first left out (slowest: rank "
+                                   f"{c['slowest_step_rank']}, {num(v[c['slowest_step_rank']]['step_ms_aligned'])} ms)"
+                                   + (f"; {c['alignment']}" if c.get("alignment") else ""),
                            fix="Nothing to fix here." if verdict == "pass" else
                            "Find what the slow rank does more: its data shard, its pipeline stage, its node."))
     if "compute_imbalance" in c:
@@ -182,10 +260,14 @@ def load_balance(a: dict) -> list[Finding]:
                                                    f"{w['matched']} matched collectives"),
                            f"Look at rank {last}: what makes it late (its data, its stage, its GPU or node: a "
                            "straggler); the others wait for it at every collective.", "no matched collectives"))
-    if not out:
+    else:                           # always present: a CI gate keys on it
+        why = ("one rank's trace cannot show waiting across ranks" if len(v) < 2 else
+               c.get("alignment") if c.get("aligned_steps") == [] else
+               "no collective was found on two ranks (different process groups, send/recv only, or no collectives)")
         out.append(Finding(id="load_balance/trace_collective_wait", value=None, unit="fraction", verdict="info",
-                           threshold="pass <= 5%, fail > 15%", source=src, fix="Trace every rank (or several) of the job.",
-                           message="not read: one rank's trace cannot show imbalance across ranks"))
+                           threshold=f"pass <= {WAIT_WARN:.0%}, fail > {WAIT_FAIL:.0%}", source=src,
+                           fix="Trace every rank (or several) of the job, the same steps on each.",
+                           message=f"not read: {why}"))
     return out
 
 

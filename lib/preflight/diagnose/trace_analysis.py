@@ -8,17 +8,21 @@ Across ranks, **without trusting the hosts' clocks** (each rank's times are comp
 
 - step time spread: (slowest - fastest) / median of the ranks' mean step times;
 - compute imbalance: the busiest rank's compute time per step over the mean;
-- **collective wait**: the same collective is found on every rank of its group (process group and
-  sequence number where the trace has them, else process group, collective type and order), its
-  shortest duration is the transfer, and the rest, on each rank, is time spent waiting for the slowest
-  peer to arrive. The rank whose copy is the shortest arrived last: counted per rank, it names the
-  straggler. Point-to-point send/recv is not matched (its peer is one rank, not a group).
+- **collective wait** (``preflight.diagnose.trace_match``): the same collective matched on every rank
+  of its group, on the steps all ranks hold; its shortest copy is the transfer, the rest on each rank
+  waiting for the last peer. **Exposed communication is the transfer's part only**: the exposed time
+  spent waiting for a late peer is ``exposed_wait`` (a load-balance cause, chapter 4), not chapter 3's.
+
+**Step terms** (``step_terms`` in each rank's view, per step, ms): compute, exposed communication per
+collective type (the transfer), collective wait, host-bound / launch-bound / queued GPU idle, data
+wait, pipeline idle: what a plan's step-time terms are set beside.
 """
 from __future__ import annotations
 
 import statistics
 
 from preflight.core import hardware
+from preflight.diagnose import trace_match as M
 
 # verdict-free bus bandwidth factors (nccl-tests' PERFORMANCE.md): busbw = algbw x factor, n ranks
 BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -44,10 +48,12 @@ def rank_view(s: dict, gpu_key: str | None = None) -> dict:
         ms = g["main_stream_idle_ns"]
         out |= {"span_ms": span / 1e6, "idle": _div(g["idle_ns"], span), "compute": _div(g["compute_ns"], span),
                 "idle_host": _div(g["idle_host_ns"], span), "idle_other": _div(g["idle_other_ns"], span),
+                "idle_launch": _div(g.get("idle_launch_ns", 0), span),
                 "stream_idle_host": _div(ms["host"], span), "stream_idle_other_stream": _div(ms["other_stream"], span),
-                "stream_idle_other": _div(ms["other"], span),
+                "stream_idle_other": _div(ms["other"], span), "stream_idle_launch": _div(ms.get("launch", 0), span),
                 "comm_ms": g["comm_ns"] / 1e6, "overlap": _div(g["overlap_ns"], g["comm_ns"]),
                 "exposed_comm": _div(g["comm_ns"] - g["overlap_ns"], span) if g["comm_ns"] else None,
+                "exposed_comm_total": _div(g["comm_ns"] - g["overlap_ns"], span) if g["comm_ns"] else None,
                 "compute_ms_per_step": g["compute_ns"] / 1e6 / nsteps,
                 "class_ms": {c: v["ns"] / 1e6 for c, v in g["classes"].items()}}
     # achieved FLOP/s over the GPU's span, against the dense peak of the dtype carrying most FLOPs
@@ -79,6 +85,12 @@ def rank_view(s: dict, gpu_key: str | None = None) -> dict:
     out["comm_on_compute_stream"] = sum(v["on_compute_stream"] for v in comm["by_type"].values())
     out["comm_side"] = next((v["side"] for v in comm["by_type"].values()), None)
     out["send_recv"] = "send_recv" in comm["by_type"]
+    out["launch"] = s.get("launch")
+    mm = fl.get("matmul_ns")
+    out["flop_coverage"] = _div(fl.get("matmul_counted_ns", 0), mm) if mm else None
+    pg = h2d.get("pageable", {})
+    out["pageable_mb_per_step"] = pg.get("bytes", 0) / 1e6 / nsteps if g else None
+    out["pageable_share"] = _div(pg.get("ns", 0), g["span_ns"]) if g else None
     return out
 
 
@@ -108,50 +120,61 @@ def _by_type(by: dict) -> dict:
     return out
 
 
-def _keys(colls: list[dict]) -> list[tuple]:
-    """A cross-rank identity for each collective: (group, seq) when the trace has sequence numbers,
-    else (group, type, k-th of that type in the group)."""
-    count: dict[tuple, int] = {}
-    out = []
-    for c in colls:
-        if c["seq"] is not None:
-            out.append((c["pg"], "seq", c["seq"]))
-        else:
-            k = (c["pg"], c["type"])
-            count[k] = count.get(k, 0) + 1
-            out.append((c["pg"], c["type"], count[k]))
-    return out
+def collective_wait(ranks: dict, common: set | None = None) -> dict:
+    """Matched collectives across ranks (``trace_match.collective_wait``)."""
+    return M.collective_wait(ranks, common)
 
 
-def collective_wait(ranks: dict) -> dict:
-    """Matched collectives across ranks: per rank, time waiting for the slowest peer and how often it
-    arrived last (see the module's docstring)."""
-    table: dict[tuple, dict] = {}
-    for r, s in ranks.items():
-        colls = [c for c in s["comm"]["collectives"] if c["type"] != "send_recv"]
-        for key, c in zip(_keys(colls), colls):
-            table.setdefault(key, {})[r] = c["dur_ns"]
-    wait = {r: 0 for r in ranks}
-    last = {r: 0 for r in ranks}
-    matched = 0
-    for per in table.values():
-        if len(per) < 2:
-            continue
-        matched += 1
-        low = min(per.values())
-        for r, d in per.items():
-            wait[r] += d - low
-        last[min(per, key=per.get)] += 1
-    return {"matched": matched, "unmatched": sum(1 for p in table.values() if len(p) < 2), "wait_ns": wait,
-            "last": last}
+def _split_wait(v: dict, s: dict, cw: dict | None, r) -> None:
+    """The exposed communication without the waiting for late peers; the wait's shares; the step terms."""
+    g = s.get("gpu")
+    span = g["span_ns"] if g else None
+    ex_wait = 0
+    if g and cw and cw["matched"]:
+        ex_wait = min(cw["exposed_wait_ns"][r], g["comm_ns"] - g["overlap_ns"])
+        v["exposed_comm"] = _div(g["comm_ns"] - g["overlap_ns"] - ex_wait, span) if g["comm_ns"] else None
+    v["exposed_wait"] = _div(ex_wait, span) if g and g["comm_ns"] else None
+    by_wait = (cw["exposed_wait_by_type"][r] if cw and cw["matched"] else {})
+    v["exposed_ms_by_type"] = {k: max(0, t.get("exposed_ns", 0) - by_wait.get(k, 0)) / 1e6
+                               for k, t in s["comm"]["by_type"].items() if t["side"] == "gpu"}
+    crit = s.get("critical_path")
+    if crit and crit["total_ns"]:
+        waits = (cw["wait_by_coll"][r] if cw and cw["matched"] else {})
+        on_wait = sum(min(ns, waits.get(j, 0)) for j, ns in crit["comm_on_path"])
+        parts = dict(crit["ns"]) | {"comm": crit["ns"]["comm"] - on_wait, "wait": on_wait}
+        total = crit["total_ns"]
+        bound = max(("cpu", "compute", "communication"), key=lambda k: {"cpu": parts["cpu"], "compute":
+                    parts["compute"] + parts["copy"], "communication": parts["comm"] + parts["wait"]}[k])
+        v["critical"] = {"bound": bound, "shares": {k: x / total for k, x in parts.items()}, "total_ms": total / 1e6,
+                         "chain": crit["chain"]}
+    else:
+        v["critical"] = None
+    n = max(1, v["steps"])
+    if g:
+        per = (lambda ns: ns / 1e6 / n)
+        v["step_terms"] = {
+            "step_ms": v.get("step_ms"), "compute_ms": per(g["compute_ns"]),
+            "exposed_comm_ms_by_type": {k: x / n for k, x in v["exposed_ms_by_type"].items()},
+            "collective_wait_ms": per(cw["wait_ns"][r]) if cw and cw["matched"] else None,
+            "host_bound_idle_ms": per(g["idle_host_ns"]), "launch_bound_idle_ms": per(g.get("idle_launch_ns", 0)),
+            "queued_idle_ms": per(g["idle_other_ns"]),
+            "data_wait_ms": v["loader_ms_per_step"], "pipeline_idle_ms": per(g["idle_other_ns"]) if v["send_recv"] else 0.0}
+    else:
+        v["step_terms"] = None
 
 
 def analyze(job: dict, gpu_key: str | None = None) -> dict:
-    """Everything the trace verdicts read: {ranks {r: view}, cross {...}, quality [rows], job facts}."""
+    """Everything the trace verdicts read: {ranks {r: view}, cross {...}, quality [rows], job facts}.
+    ``gpu_key``: the chip named for these traces (``traces --gpu``) where a trace names none."""
     ranks = job["ranks"]
     views = {r: rank_view(s, gpu_key) for r, s in ranks.items()}
     cross: dict = {"ranks": len(ranks)}
-    steps = {r: v["step_ms"] for r, v in views.items() if v["step_ms"]}
+    common, note = M.aligned(ranks)
+    cross["aligned_steps"] = sorted(common) if common is not None else None
+    cross["alignment"] = note
+    steps = {r: ns / 1e6 for r, ns in M.step_times(ranks, common).items()} if common is None or common else {}
+    for r, ms in steps.items():
+        views[r]["step_ms_aligned"] = ms
     if len(steps) >= 2:
         med = statistics.median(steps.values())
         cross["step_spread"] = (max(steps.values()) - min(steps.values())) / med if med else None
@@ -162,15 +185,19 @@ def analyze(job: dict, gpu_key: str | None = None) -> dict:
         cross["compute_imbalance"] = max(comp.values()) / mean
         cross["compute_vs_mean"] = {str(r): c / mean for r, c in comp.items()}
         cross["busiest_rank"] = max(comp, key=comp.get)
+    cw = None
     if len(ranks) >= 2:
-        cw = collective_wait(ranks)
-        cross["wait"] = cw
+        cw = M.collective_wait(ranks, common)
+        cross["wait"] = {k: cw[k] for k in ("matched", "unmatched", "wait_ns", "last", "exposed_wait_ns")}
         for r, v in views.items():
             base = (v["span_ms"] if v.get("span_ms") else (v["step_ms"] or 0) * v["steps"]) * 1e6
-            v["wait_share"] = cw["wait_ns"][r] / base if base and cw["matched"] else None
+            v["wait_share"] = min(1.0, cw["wait_ns"][r] / base) if base and cw["matched"] else None
             v["arrived_last"] = cw["last"][r] if cw["matched"] else None
+    for r, v in views.items():
+        _split_wait(v, ranks[r], cw, r)
+    notes = list(job["notes"]) + ([note] if note else [])
     return {"folder": job["folder"], "world_size": job["world_size"], "missing": job["missing"],
-            "unreadable": job["unreadable"], "notes": job["notes"], "ranks": views, "cross": cross,
+            "unreadable": job["unreadable"], "notes": notes, "ranks": views, "cross": cross,
             "quality": quality(job), "summaries": ranks}
 
 
@@ -195,8 +222,13 @@ def quality(job: dict) -> list[dict]:
         if s["window"].get("unlaunched_in_window"):
             why.append(f"{s['window']['unlaunched_in_window']} GPU events ran in the window without their launch in the "
                        "trace: left out, as HTA does (the idle share reads higher than the GPU's)")
-        if g and not s["flops"]["ops_counted"]:
+        fl = s["flops"]
+        cov = _div(fl.get("matmul_counted_ns", 0), fl.get("matmul_ns")) if fl.get("matmul_ns") else None
+        if g and not fl["ops_counted"]:
             why.append("no shapes: no achieved TFLOP/s (record_shapes=True)")
+        elif cov is not None and cov < 0.95:
+            why.append(f"FLOPs countable for {cov:.0%} of the matmul / conv / attention kernel time (the rest ran under "
+                       "no op with shapes: Triton templates, fused or custom ops): MFU is a lower bound")
         if m.get("rank_source") != "distributedInfo":
             why.append(f"rank from {m.get('rank_source')}, not from distributedInfo")
         if g and not s["comm"]["collectives"] and (job["world_size"] or 1) > 1:
@@ -211,7 +243,8 @@ def quality(job: dict) -> list[dict]:
         rows.append({"rank": r, "file": ", ".join(m.get("files") or [m["file"]]), "events": s["events"],
                      "gpu_events": s["window"]["gpu_events"], "steps": s["window"]["steps"],
                      "window": s["window"]["basis"], "device": ", ".join(m["devices"]) or None,
-                     "world_size": m.get("world_size"), "supports": supports, "limits": why})
+                     "world_size": m.get("world_size"), "supports": supports, "limits": why,
+                     "flops_countable_share": cov, "dropped": sum(d["count"] for d in (s.get("dropped") or {}).values())})
     for u in job["unreadable"]:
         rows.append({"rank": None, "file": u["file"], "events": None, "gpu_events": None, "steps": None,
                      "window": None, "device": None, "world_size": None, "supports": [], "limits": [u["why"]]})

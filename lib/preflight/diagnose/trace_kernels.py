@@ -4,7 +4,9 @@ recorded shapes of, how many floating-point operations it did.
 **Classes** (the kernel time split of chapter 1, and what counts as communication in chapter 3):
 
 - ``comm``: NCCL and RCCL collectives and point-to-point (``ncclKernel_*``, ``ncclDevKernel_*``
-  since NCCL 2.19, whose names no longer say the collective, RCCL's ``ncclKernel``/``rccl`` names);
+  since NCCL 2.19, whose names no longer say the collective, RCCL's ``ncclKernel``/``rccl`` names),
+  and the one-sided kernels MoE layers exchange tokens with: DeepEP's ``deep_ep::*`` dispatch / combine
+  (an all-to-all) and NVSHMEM's ``nvshmem*``;
 - ``matmul``: GEMMs and convolutions and attention, on cuBLAS / cuBLASLt (``gemm``, ``nvjet``,
   ``cutlass``, ``xmma``), cuDNN (``conv``, ``dgrad``, ``wgrad``), flash / memory-efficient attention
   (``flash``, ``fmha``), Triton templates (``triton_tem_``, ``triton_mm``) and ROCm's Tensile
@@ -18,7 +20,12 @@ recorded shapes of, how many floating-point operations it did.
 2.13) on the recorded ``Input Dims``: a matmul ``[M, K] @ [K, N]`` is ``2MKN``; ``bmm`` adds the batch;
 attention forward is two batched matmuls, ``4 B H L S E``, its backward five (2.5x the forward: the
 scores are recomputed); a convolution is ``2 x output elements x (C/groups) x kernel volume``, its
-backward twice that (input and weight gradients). Only the leaf ops are counted (``aten::mm``, not the
+backward twice that (input and weight gradients); fp8 ``_scaled_mm`` is a matmul; a grouped GEMM
+(``_grouped_mm``, MoE experts) is ``2 x (rows of all groups) x K x N``; Transformer Engine 1.x's
+``tex_ts::te_gemm_ts`` is ``2 |D| K`` with ``K = sqrt(|A| |B| / |D|)`` from its A, B, D shapes (exact
+whatever the transposes). Triton templates (``triton_tem_*``) and Transformer Engine 2.x GEMMs run
+under no op with shapes: their time is matmul time without FLOPs, and the trace-quality share of
+matmul time with countable FLOPs says how much MFU leaves out. Only the leaf ops are counted (``aten::mm``, not the
 ``aten::linear`` or ``aten::matmul`` that call it), so nothing is counted twice. Attention is counted
 non-causal (as ``flop_counter`` does; a causal kernel skips about half).
 """
@@ -31,7 +38,8 @@ CLASSES = ("matmul", "memory", "comm", "copy")
 CLASS_LABEL = {"matmul": "matmul / conv / attention", "memory": "memory-bound (elementwise, norm, softmax...)",
                "comm": "communication", "copy": "memcpy / memset"}
 
-_COMM = re.compile(r"nccl|rccl|^c10d::|all_?reduce|all_?gather|reduce_?scatter|alltoall|sendrecv", re.IGNORECASE)
+_COMM = re.compile(r"nccl|rccl|^c10d::|all_?reduce|all_?gather|reduce_?scatter|alltoall|sendrecv|deep_ep|nvshmem",
+                   re.IGNORECASE)
 _MATMUL = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|cudnn.*conv|conv(?:olution)?\w*kernel|implicit_convolve"
                      r"|dgrad|wgrad|fprop|winograd|flash|fmha|attention|triton_tem_|triton_mm|triton_bmm|^Cijk_"
                      r"|sm\d+_xmma|_mma_|wmma|hgemm|sgemm|bgemm", re.IGNORECASE)
@@ -73,6 +81,8 @@ def collective_type(name: str, collective_arg: str | None = None) -> str:
     if collective_arg:
         key = collective_arg.lower().replace(" ", "")
         return _COLL_NAMES.get(key, key)
+    if "deep_ep" in name.lower():
+        return "all_to_all"                     # MoE dispatch / combine: tokens to and from every expert's rank
     tail = name.split(":", 1)[1] if name.startswith(("gloo:", "nccl:")) else name
     m = _COLL.search(tail.replace("_", ""))
     return _COLL_NAMES.get(m.group(1).lower(), "unknown") if m else "unknown"
@@ -151,6 +161,13 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> int | None:
             q, k, v = dims[1], dims[2], dims[3]          # (grad_out, query, key, value, ...)
             fwd = 2 * q[0] * q[1] * q[2] * k[2] * (q[3] + v[3])
             return fwd * 5 // 2
+        if name == "aten::_scaled_mm":
+            (m, k), (_, n) = dims[0], dims[1]
+            return 2 * m * k * n
+        if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm"):
+            return _grouped_flops(dims[0], dims[1])
+        if name == "tex_ts::te_gemm_ts":
+            return _te_flops(dims)
         if name == "aten::convolution":
             x, w = dims[0], dims[1]
             out = _conv_out(x, w, concrete or [])
@@ -163,7 +180,29 @@ def op_flops(name: str, dims: list, concrete: list | None = None) -> int | None:
     return None
 
 
+def _grouped_flops(a, b) -> int | None:
+    """A grouped GEMM: [rows of all groups, K] x [G, K, N]; [G, M, K] x [G, K, N]; [M, K of all] x [K of all, N]."""
+    if len(a) == 2 and len(b) == 3:
+        return 2 * a[0] * a[1] * b[2]
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    return None
+
+
+def _te_flops(dims) -> int | None:
+    """Transformer Engine 1.x's GEMM op: its first three 2-D shapes are A, B and the output D."""
+    two = [d for d in dims if isinstance(d, list) and len(d) == 2][:3]
+    if len(two) < 3 or not all(x > 0 for d in two for x in d):
+        return None
+    a, b, d = (math.prod(x) for x in two)
+    k = math.isqrt(a * b // d) if a * b % d == 0 else None
+    return 2 * d * k if k and k * k * d == a * b else None
+
+
 FLOP_OPS = frozenset({
+    "aten::_scaled_mm", "aten::_grouped_mm", "aten::_scaled_grouped_mm", "tex_ts::te_gemm_ts",
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::convolution_backward",
     "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_backward",

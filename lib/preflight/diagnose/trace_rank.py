@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from preflight.diagnose.intervals import before, both, length, union
+from preflight.diagnose import trace_comm as C
+from preflight.diagnose import trace_launch as L
+from preflight.diagnose.intervals import both, length, union
+from preflight.diagnose.trace_critical import critical_path
 from preflight.diagnose.trace_file import SYNC_CALLS, RankEvents
-from preflight.diagnose.trace_kernels import (
-    CLASSES,
-    PEAK_DTYPE,
-    collective_type,
-    dtype_bytes,
-    kernel_class,
-    op_flops,
-    short_dtype,
-)
+from preflight.diagnose.trace_kernels import CLASSES, PEAK_DTYPE, kernel_class, op_flops, short_dtype
 
-SUMMARY_VERSION = 5
+SUMMARY_VERSION = 6
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
+BLOCKING_COPY = "Memcpy DtoH (Device -> Pageable)"       # the host waits for it: a synchronising copy
 
 
 # --- the window --------------------------------------------------------------------------------------------
@@ -37,7 +33,8 @@ def window(ev: RankEvents) -> dict:
     """The window's steps, CPU range and the mask of the GPU events in it (see the module's docstring)."""
     steps = ev.steps
     g = ev.gpu
-    launch, known = _launch_ts(ev)
+    lz = launches(ev)
+    launch, known = lz["ts"], lz["known"]
     unlaunched = 0
     if len(steps) >= 2:
         lo, hi = steps[0]["ts"], steps[-1]["ts"]
@@ -50,24 +47,36 @@ def window(ev: RankEvents) -> dict:
         mask = np.ones(len(g["ts"]), bool)
         kept = steps
         basis = "every GPU event (" + ("one step" if steps else "no ProfilerStep") + " in the trace)"
-    return {"steps": kept, "cpu_lo": lo, "cpu_hi": hi, "mask": mask, "launch": launch, "basis": basis,
-            "unlaunched": unlaunched}
+    return {"steps": kept, "cpu_lo": lo, "cpu_hi": hi, "mask": mask, "launch": launch, "launches": lz,
+            "basis": basis, "unlaunched": unlaunched}
 
 
-
-def _launch_ts(ev: RankEvents) -> tuple[np.ndarray, np.ndarray]:
-    """For each GPU event, the start of the runtime call that launched it (same ``correlation``), else
-    its own start; and whether that launch is in the trace."""
+def launches(ev: RankEvents) -> dict:
+    """For each GPU event, the runtime call that launched it (same ``correlation``): its start (else the
+    event's own start), end, thread and name, and whether that launch is in the trace."""
     g, r = ev.gpu, ev.runtime
-    out = g["ts"].copy()
-    hit = np.zeros(len(out), bool)
-    if len(r["corr"]) and len(g["corr"]):
+    n = len(g["ts"])
+    out = {"ts": g["ts"].copy(), "end": g["ts"].copy(), "tid": np.full(n, -1, np.int64), "known": np.zeros(n, bool),
+           "row": np.full(n, -1, np.int64)}
+    if len(r["corr"]) and n:
         o = np.argsort(r["corr"], kind="stable")
-        rc, rts = r["corr"][o], r["ts"][o]
+        rc = r["corr"][o]
         i = np.clip(np.searchsorted(rc, g["corr"]), 0, len(rc) - 1)
         hit = (rc[i] == g["corr"]) & (g["corr"] >= 0)
-        out[hit] = rts[i[hit]]
-    return out, hit
+        row = o[i[hit]]
+        out["ts"][hit] = r["ts"][row]
+        out["end"][hit] = r["ts"][row] + r["dur"][row]
+        if "tid" in r and len(r["tid"]) == len(r["ts"]):
+            out["tid"][hit] = r["tid"][row]
+        out["known"], out["row"][hit] = hit, row
+    return out
+
+
+def step_number(s: dict) -> int | None:
+    if isinstance(s.get("num"), int):
+        return s["num"]
+    tail = str(s.get("name", "")).rpartition("#")[2]
+    return int(tail) if tail.isdigit() else None
 
 
 # --- the summary -------------------------------------------------------------------------------------------
@@ -78,27 +87,31 @@ def summarize(ev: RankEvents) -> dict:
     w = window(ev)
     g = ev.gpu
     m = w["mask"]
+    lz = {k: v[m] for k, v in w["launches"].items()}
     ts, end = g["ts"][m], g["ts"][m] + g["dur"][m]
     names = [n for n, k in zip(g["name"], m) if k]
     cats = [c for c, k in zip(g["cat"], m) if k]
     args = [a for a, k in zip(g["args"], m) if k]
-    streams, launch = g["stream"][m], w["launch"][m]
+    streams, launch = g["stream"][m], lz["ts"]
     seen: dict[tuple, str] = {}
     cls = np.array([seen.get((n, c)) or seen.setdefault((n, c), kernel_class(n, c)) for n, c in zip(names, cats)],
                    dtype=object)
     meta = dict(ev.meta)
     meta["start_ns"] = int(ev.steps[0]["ts"]) if ev.steps else (int(g["ts"].min()) if len(g["ts"]) else None)
+    comm = _comm(ts, end, cls, streams, names, args, lz, ev, w)
     out = {"version": SUMMARY_VERSION, "meta": meta, "events": ev.events, "dropped": dict(ev.dropped),
            "kernel_names": _kernel_names(g),
            "window": {"basis": w["basis"], "steps": len(w["steps"]), "steps_in_trace": len(ev.steps),
                       "gpu_events": int(m.sum()), "unlaunched_in_window": w["unlaunched"]},
-           "steps": [{"name": s["name"], "dur_ns": s["dur"]} for s in w["steps"]],
+           "steps": [{"name": s["name"], "num": step_number(s), "dur_ns": s["dur"]} for s in w["steps"]],
            "step_names": [s["name"] for s in ev.steps],
            "gpu": _gpu(ts, end, cls, streams, launch, names) if len(ts) else None,
-           "flops": _flops(ev, w),
-           "data": _data(ev, w, ts, end, names, cats, args, launch),
-           "comm": _comm(ts, end, cls, streams, names, args, ev, w),
-           "timeline": _timeline(w, ts, end, cls, launch)}
+           "launch": L.launch_stats(ts, end, launch, lz["end"], lz["known"], cats, len(w["steps"])) if len(ts) else None,
+           "flops": _flops(ev, w, ts, end, cls, lz),
+           "data": _data(ev, w, ts, end, names, cats, args, lz),
+           "comm": comm,
+           "timeline": _timeline(w, ts, end, cls, launch),
+           "critical_path": critical_path(ev, w, ts, end, cls, streams, names, lz, comm) if len(ts) else None}
     return out
 
 
@@ -146,33 +159,10 @@ def _timeline(w, ts, end, cls, launch) -> dict | None:
 def _gpu(ts, end, cls, streams, launch, names) -> dict:
     busy = union(ts, end)
     span = int(end.max() - ts.min())
-    comp = cls == "matmul"
-    comp |= cls == "memory"
+    comp = (cls == "matmul") | (cls == "memory")
     u_comp, u_comm = union(ts[comp], end[comp]), union(ts[cls == "comm"], end[cls == "comm"])
-    # idle gaps of the whole GPU: host-bound when the event that ends the gap was launched after it began
-    host = other = 0
-    gs, ge = busy[1][:-1], busy[0][1:]
-    if len(gs):
-        order = np.argsort(ts, kind="stable")
-        first = np.searchsorted(ts[order], ge)          # the events that start when each gap ends
-        starter = order[np.clip(first, 0, len(ts) - 1)]
-        hb = launch[starter] >= gs
-        host, other = int((ge - gs)[hb].sum()), int((ge - gs)[~hb].sum())
-    # the compute stream (most compute time): its gaps, split host-bound / another stream running / other
-    main = _main_stream(ts, end, comp, streams)
-    sidle = {"host": 0, "other_stream": 0, "other": 0}
-    if main is not None:
-        on = np.flatnonzero(streams == main)
-        on = on[np.argsort(ts[on], kind="stable")]
-        reach = np.maximum.accumulate(end[on])
-        gap_s, gap_e, nxt = reach[:-1], ts[on][1:], on[1:]
-        pos = gap_e > gap_s
-        rest = union(ts[streams != main], end[streams != main])
-        a, b, k = gap_s[pos], gap_e[pos], nxt[pos]
-        hb = launch[k] >= a
-        cov = before(rest, b) - before(rest, a)
-        sidle = {"host": int((b - a)[hb].sum()), "other_stream": int(cov[~hb].sum()),
-                 "other": int((b - a - cov)[~hb].sum())}
+    idle = L.gpu_idle(ts, end, launch)
+    main = main_stream(ts, end, comp, streams)
     by = {c: {"ns": int((end - ts)[cls == c].sum()), "count": int((cls == c).sum())} for c in CLASSES}
     top: dict[str, list] = {}
     for n, c, d in zip(names, cls, end - ts):
@@ -180,14 +170,15 @@ def _gpu(ts, end, cls, streams, launch, names) -> dict:
         t[1] += int(d)
         t[2] += 1
     top_k = sorted(top.items(), key=lambda kv: -kv[1][1])[:12]
-    return {"span_ns": span, "busy_ns": length(busy), "idle_ns": span - length(busy), "idle_host_ns": host,
-            "idle_other_ns": other, "compute_ns": length(u_comp), "comm_ns": length(u_comm),
-            "overlap_ns": both(u_comm, u_comp), "main_stream": main, "main_stream_idle_ns": sidle,
-            "classes": by, "top_kernels": [{"name": n[:160], "class": c, "ns": t, "count": k}
-                                           for n, (c, t, k) in top_k]}
+    return {"span_ns": span, "busy_ns": length(busy), "idle_ns": span - length(busy), "idle_host_ns": idle["host"],
+            "idle_launch_ns": idle["launch"], "idle_other_ns": idle["queued"], "compute_ns": length(u_comp),
+            "comm_ns": length(u_comm), "overlap_ns": both(u_comm, u_comp), "main_stream": main,
+            "main_stream_idle_ns": L.stream_idle(ts, end, streams, launch, main), "classes": by,
+            "top_kernels": [{"name": n[:160], "class": c, "ns": t, "count": k} for n, (c, t, k) in top_k]}
 
 
-def _main_stream(ts, end, comp, streams):
+def main_stream(ts, end, comp, streams):
+    """The stream that ran the most compute time (None without compute)."""
     if not comp.any():
         return None
     ids, inv = np.unique(streams[comp], return_inverse=True)
@@ -198,8 +189,10 @@ def _in_cpu_window(t, w) -> bool:
     return w["cpu_lo"] is None or w["cpu_lo"] <= t < w["cpu_hi"]
 
 
-def _flops(ev: RankEvents, w) -> dict:
-    total, by_dtype, counted, skipped = 0, {}, 0, 0
+def _flops(ev: RankEvents, w, ts, end, cls, lz) -> dict:
+    """FLOPs of the ops with shapes in the window, and how much of the matmul-class kernel time ran
+    under an op whose FLOPs were counted (the share MFU rests on)."""
+    total, by_dtype, counted, skipped, ops = 0, {}, 0, 0, []
     for op in ev.flop_ops:
         if not _in_cpu_window(op["ts"], w):
             continue
@@ -209,19 +202,25 @@ def _flops(ev: RankEvents, w) -> dict:
             continue
         counted += 1
         total += f
+        ops.append(op)
         dt = next((short_dtype(t) for t in (op["types"] or []) if short_dtype(str(t))), None)
         key = PEAK_DTYPE.get(dt or "", "unknown")
         by_dtype[key] = by_dtype.get(key, 0) + f
-    return {"total": total, "by_peak_dtype": by_dtype, "ops_counted": counted, "ops_without_shapes": skipped}
+    mm = np.flatnonzero(cls == "matmul") if len(ts) else np.zeros(0, int)
+    by_tid = C.annotations_by_thread([{"ts": o["ts"], "dur": o.get("dur", 0), "tid": o.get("tid", -1)} for o in ops])
+    under = [i for i in mm if lz["known"][i] and C.enclosing(by_tid, int(lz["tid"][i]), int(lz["ts"][i]))]
+    return {"total": total, "by_peak_dtype": by_dtype, "ops_counted": counted, "ops_without_shapes": skipped,
+            "matmul_ns": int((end - ts)[mm].sum()), "matmul_counted_ns": int((end - ts)[under].sum()) if under else 0}
 
 
-def _data(ev, w, ts, end, names, cats, args, launch) -> dict:
+def _data(ev, w, ts, end, names, cats, args, lz) -> dict:
     steps = w["steps"]
     loader = [_clipped(ev.loader, s["ts"], s["ts"] + s["dur"]) for s in steps]
     if not steps:
         loader = [sum(c["dur"] for c in ev.loader)] if ev.loader else []
     # GPU idle when each step starts: before the first GPU event it launched
     start_idle = []
+    launch = lz["ts"]
     if len(ts):
         order = np.argsort(ts, kind="stable")
         reach = np.maximum.accumulate(end[order])
@@ -230,15 +229,21 @@ def _data(ev, w, ts, end, names, cats, args, launch) -> dict:
             if len(mine) and mine[0] > 0:
                 start_idle.append(max(0, int(ts[order][mine[0]] - reach[mine[0] - 1])))
     h2d = {}
-    for n, c, a, t0, t1 in zip(names, cats, args, ts, end):
-        if c == "gpu_memcpy" and "HtoD" in n:
+    sync: dict[str, int] = {}
+    r = ev.runtime
+    for i, (n, c, a, t0, t1) in enumerate(zip(names, cats, args, ts, end)):
+        if c != "gpu_memcpy":
+            continue
+        if "HtoD" in n:
             kind = next((v for k, v in _H2D_KIND if f"({k}" in n), "other")
             d = h2d.setdefault(kind, {"count": 0, "bytes": 0, "ns": 0})
             d["count"] += 1
             d["bytes"] += int(a.get("bytes", 0) or 0)
             d["ns"] += int(t1 - t0)
-    sync: dict[str, int] = {}
-    r = ev.runtime
+        elif n.startswith(BLOCKING_COPY):       # unless its launch is a synchronising call, counted below
+            row = int(lz["row"][i])
+            if row < 0 or not SYNC_CALLS.match(r["name"][row]):
+                sync[BLOCKING_COPY] = sync.get(BLOCKING_COPY, 0) + 1
     for name, t in zip(r["name"], r["ts"]):
         if SYNC_CALLS.match(name) and _in_cpu_window(int(t), w):
             sync[name] = sync.get(name, 0) + 1
@@ -253,44 +258,44 @@ def _clipped(calls: list[dict], lo: int, hi: int) -> int:
     return length(union(s, e))
 
 
-def _coll_bytes(a: dict, kind: str) -> int | None:
-    """Bytes a collective moves as nccl-tests counts them: the input (a reduce-scatter reduces all of it,
-    each rank keeping 1/n), the output for an all-gather."""
-    size = dtype_bytes(a.get("dtype"))
-    n = a.get("In msg nelems")
-    if size is None or not isinstance(n, int):
-        return None
-    if kind == "all_gather" and isinstance(a.get("Out msg nelems"), int):
-        return int(a["Out msg nelems"]) * size
-    return n * size
+def _step_of(t: int, steps: list[dict]):
+    for s in steps:
+        if s["ts"] <= t < s["ts"] + s["dur"]:
+            return step_number(s)
+    return None
 
 
-def _comm(ts, end, cls, streams, names, args, ev, w) -> dict:
-    """Per collective type: count, time, bytes; the collectives in order (for matching across ranks)."""
+def _comm(ts, end, cls, streams, names, args, lz, ev, w) -> dict:
+    """Per collective type: count, time, exposed time, bytes; the collectives in order, each with its
+    step, start in the window and exposed profile (for matching across ranks: ``trace_comm``)."""
     colls = []
     comm = np.flatnonzero(cls == "comm") if len(ts) else np.array([], int)
-    main = _main_stream(ts, end, (cls == "matmul") | (cls == "memory"), streams) if len(ts) else None
+    comp = (cls == "matmul") | (cls == "memory") if len(ts) else np.zeros(0, bool)
+    main = main_stream(ts, end, comp, streams) if len(ts) else None
+    u_comp = union(ts[comp], end[comp]) if len(ts) else None
+    t_lo = int(ts.min()) if len(ts) else 0
+    by_tid = C.annotations_by_thread(ev.cpu_comms)
     for i in comm[np.argsort(ts[comm], kind="stable")] if len(comm) else []:
-        a = args[i]
-        kind = collective_type(names[i], a.get("Collective name"))
-        seq = a.get("Seq", a.get("Sequence number"))
-        colls.append({"type": kind, "pg": str(a.get("Process Group Name", "")), "seq": seq,
-                      "dur_ns": int(end[i] - ts[i]), "bytes": _coll_bytes(a, kind),
-                      "group": a.get("Group size"), "on_compute_stream": bool(main is not None and streams[i] == main),
-                      "side": "gpu"})
+        anns = C.enclosing(by_tid, int(lz["tid"][i]), int(lz["ts"][i])) if lz["known"][i] else []
+        d = C.describe(names[i], args[i], anns)
+        colls.append(d | {"dur_ns": int(end[i] - ts[i]), "on_compute_stream": bool(main is not None and streams[i] == main),
+                          "side": "gpu", "step": _step_of(int(lz["ts"][i]), w["steps"]), "t0_ns": int(ts[i]) - t_lo,
+                          "exposed": C.exposed_profile(int(ts[i]), int(end[i]), u_comp)})
     if not len(ts):                 # no GPU activity at all: the CPU side's collectives (gloo, a CPU-only trace)
         for c in sorted(ev.cpu_comms, key=lambda c: c["ts"]):
             if c["name"] == "record_param_comms" or not _in_cpu_window(c["ts"], w):
                 continue
-            colls.append({"type": collective_type(c["name"]), "pg": str(c["args"].get("Process Group Name", "")),
-                          "seq": c["args"].get("Seq"), "dur_ns": int(c["dur"]), "bytes": None, "group": None,
-                          "on_compute_stream": False, "side": "cpu"})
+            d = C.describe(c["name"], {}, [c])
+            colls.append(d | {"dur_ns": int(c["dur"]), "bytes": None, "on_compute_stream": False, "side": "cpu",
+                              "step": _step_of(c["ts"], w["steps"]), "t0_ns": int(c["ts"] - (w["cpu_lo"] or 0)),
+                              "exposed": [int(c["dur"]) * k // C.SPLITS for k in range(C.SPLITS + 1)]})
     by: dict[str, dict] = {}
     for c in colls:
-        d = by.setdefault(c["type"], {"count": 0, "ns": 0, "bytes": 0, "bytes_known": 0, "group": c["group"],
-                                      "on_compute_stream": 0, "side": c["side"]})
+        d = by.setdefault(c["type"], {"count": 0, "ns": 0, "exposed_ns": 0, "bytes": 0, "bytes_known": 0,
+                                      "group": c["group"], "on_compute_stream": 0, "side": c["side"]})
         d["count"] += 1
         d["ns"] += c["dur_ns"]
+        d["exposed_ns"] += c["exposed"][-1] if c["side"] == "gpu" else 0
         d["on_compute_stream"] += int(c["on_compute_stream"])
         if c["bytes"] is not None:
             d["bytes"] += c["bytes"]

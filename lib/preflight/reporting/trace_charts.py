@@ -3,6 +3,8 @@
 - :func:`step_timeline`: one step per rank as lanes (compute, communication, copies; idle is what
   is left white), from each rank's first window step. Many ranks: the best, median and worst by GPU
   idle are drawn (the per-rank table lists all of them).
+- :func:`critical_path`: each picked rank's critical path through its window, stretch by stretch,
+  coloured by what set it (compute, communication, copies, CPU, idle);
 - :func:`rank_strip`: per-rank shares (GPU idle, collective wait, loader) as bars for the best,
   median and worst rank of each, so 1,024 ranks stay readable; the full table goes beside it.
 """
@@ -52,6 +54,35 @@ def step_timeline(summaries: dict, idle: dict, title: str = "") -> alt.Chart | N
         tooltip=["rank", "lane", alt.Tooltip("start_ms:Q", format=",.3f"), alt.Tooltip("end_ms:Q", format=",.3f"),
                  "step"],
     ).properties(width=560, height=40)
+
+
+PATH_COLOURS = {"compute": "#4c78a8", "comm": "#e45756", "copy": "#f58518", "cpu": "#54a24b", "idle": "#bab0ac"}
+
+
+def critical_frame(summaries: dict, ranks: list) -> pd.DataFrame:
+    rows = []
+    for r in ranks:
+        cp = summaries[r].get("critical_path")
+        for a, b, kind in (cp or {}).get("segments", []):
+            rows.append({"rank": f"rank {r}", "kind": kind, "start_ms": a / 1e6, "end_ms": b / 1e6})
+    return pd.DataFrame(rows, columns=["rank", "kind", "start_ms", "end_ms"])
+
+
+def critical_path(summaries: dict, views: dict, title: str = "") -> alt.Chart | None:
+    """The critical path of the best / median / worst rank by compute share of it (``trace_critical``)."""
+    share = {r: 1 - (v.get("critical") or {}).get("shares", {}).get("compute", 0) for r, v in views.items()
+             if v.get("critical")}
+    ranks = pick_ranks(share)
+    df = critical_frame(summaries, ranks)
+    if df.empty:
+        return None
+    return alt.Chart(df, title=title or "The critical path of the window: what set its length").mark_bar(height=14).encode(
+        x=alt.X("start_ms:Q", title="time from the window's first GPU event (ms)"), x2="end_ms:Q",
+        y=alt.Y("rank:N", title=None, sort=[f"rank {r}" for r in ranks]),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=list(PATH_COLOURS), range=list(PATH_COLOURS.values())),
+                        legend=alt.Legend(title=None, orient="top")),
+        tooltip=["rank", "kind", alt.Tooltip("start_ms:Q", format=",.3f"), alt.Tooltip("end_ms:Q", format=",.3f")],
+    ).properties(width=560, height=alt.Step(22))
 
 
 def strip_frame(views: dict, metrics: dict) -> pd.DataFrame:

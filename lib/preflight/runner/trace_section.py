@@ -41,7 +41,9 @@ def _rows(a: dict, chapter: str) -> pd.DataFrame:
                                 "queued": _share(v.get("idle_other")), "compute": _share(v.get("compute")),
                                 "matmul ms": _ms(cm.get("matmul")), "memory-bound ms": _ms(cm.get("memory")),
                                 "communication ms": _ms(cm.get("comm")), "copies ms": _ms(cm.get("copy")),
-                                "TFLOP/s": _ms(v.get("tflops")), "MFU": _share(v.get("mfu"))})
+                                "TFLOP/s": _ms(v.get("tflops")), "MFU": _share(v.get("mfu")),
+                                "launch-bound": _share(v.get("idle_launch")),
+                                "bound by": (v.get("critical") or {}).get("bound", "n/a")})
         elif chapter == "data_pipeline":
             h = v.get("h2d") or {}
             rows.append(base | {"step ms": _ms(v.get("step_ms")), "loader ms/step": _ms(v.get("loader_ms_per_step")),
@@ -107,9 +109,8 @@ def show_traces(ch, traces_dir: str = "", example: bool = True, jobs: int | None
         return None
     folder = Path(traces_dir) if traces_dir else EXAMPLE_TRACES
     mine = bool(traces_dir)
-    gpu = ch.profile.cluster.gpu if mine and ch.profile.cluster.gpu != "auto" else None
-    try:
-        a = T.audit_traces(folder, gpu_key=gpu, jobs=jobs)
+    try:        # the chip MFU is judged against is the trace's own (or traces --gpu), never the profile's guess
+        a = T.audit_traces(folder, gpu_key=None, jobs=jobs)
     except TraceError as e:
         where = f" (relative to {Path.cwd()})" if not folder.is_absolute() else ""
         ch.note(f"traces_dir = '{traces_dir}'{where} could not be read: {e}. Check the folder with "
@@ -129,6 +130,9 @@ def show_traces(ch, traces_dir: str = "", example: bool = True, jobs: int | None
         chart = trace_charts.step_timeline(summaries, {r: v.get("idle") for r, v in a["ranks"].items()})
         if chart is not None:
             ch.show("trace_timeline", chart)
+        chart = trace_charts.critical_path(summaries, a["ranks"])
+        if chart is not None:
+            ch.show("trace_critical_path", chart)
     if ch.name == "load_balance":
         _pipeline_note(ch, a)
     if ch.name == "load_balance" and len(a["ranks"]) > 1:
@@ -136,6 +140,7 @@ def show_traces(ch, traces_dir: str = "", example: bool = True, jobs: int | None
         if chart is not None:
             ch.show("trace_ranks", chart)
     found = T.findings(a, ch.name)
+    ch.example_traces_shown = not mine          # the chapter's summary says whose verdicts these are
     if mine:
         for f in found:
             ch.findings.add(**asdict(f))
