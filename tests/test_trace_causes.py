@@ -299,3 +299,14 @@ def test_critical_path_through_a_late_peer(tmp_path):
     cp = f["baseline/trace_critical_path"]
     assert cp.verdict == "warn" and "load_balance/trace_collective_wait" in cp.fix
     assert a["ranks"][1]["critical"]["shares"]["wait"] == 0 and "trace_critical_path" in json.dumps(T.IDS)
+
+
+def test_a_gpu_busy_job_launched_just_in_time_is_not_called_cpu_bound(tmp_path):
+    t = Trace(rank=0, world=1).step(1, 0, 5000).step(2, 5000, 5000).step(3, 10000, 10)
+    for k in range(9):                                  # 1 ms kernels, each launched 3 us after the last one ended
+        t.kernel("sm90_xmma_gemm_bf16", 10 + 1005 * k, 1000, launch=10 + 1005 * k - 2)
+    t.write(tmp_path / "rank0.json")
+    a, f = audit(tmp_path)
+    c = a["ranks"][0]["critical"]
+    assert c["shares"]["cpu"] > 0.5 and c["bound"] == "compute" and "just in time" in c["note"]
+    assert f["baseline/trace_critical_path"].verdict == "pass"

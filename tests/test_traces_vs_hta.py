@@ -50,3 +50,47 @@ def test_where_hta_crashes_we_say_what_the_trace_cannot_support(rows):
         r = next(x for x in rows if x["folder"] == name)
         assert r["hta"]["errors"] and r["idle"] is None
         assert any(lim.startswith("no GPU events") for lim in r["limits"])
+
+
+def _stream_split(folder: str) -> dict:
+    """Ours on the compute stream, in us: host-bound, launch-bound (HTA's kernel wait), the rest ("other")."""
+    from preflight.chapters.traces import audit_traces
+
+    a = audit_traces(compare.TRACES / folder, jobs=1)
+    out = {}
+    for r, s in a["summaries"].items():
+        g = s["gpu"]
+        ms = g["main_stream_idle_ns"]
+        out[r] = {"stream": g["main_stream"], "host_wait": ms["host"] / 1e3, "kernel_wait": ms["launch"] / 1e3,
+                  "other": (ms["other_stream"] + ms["other"]) / 1e3, "events": s["window"]["gpu_events"]}
+    return out
+
+
+def _hta_split(folder: str, rank: int, stream: int) -> dict:
+    import json
+
+    entry = next(e for e in json.loads(compare.HTA.read_text())["traces"] if e["folder"] == folder)
+    r = next(x for x in entry["ranks"] if x["rank"] == rank)
+    return {x["idle_category"]: x["idle_time"] for x in r["idle_breakdown"] if x["stream"] == stream}
+
+
+@pytest.mark.parametrize("folder", ["two-ranks", "v100-rank1-of-2"])
+def test_kernel_wait_matches_htas_on_whole_microsecond_traces(folder):
+    """Integer-microsecond traces (HTA rounds nothing): the compute stream's host wait, kernel wait and other
+    equal HTA's to the microsecond (two-ranks), or within the 31 overlapping kernel pairs HTA measures from
+    the previous row's end instead of the stream's reach (v100-rank1-of-2: under 0.25 % of the stream's idle)."""
+    for r, ours in _stream_split(folder).items():
+        hta = _hta_split(folder, r, ours["stream"])
+        idle = sum(hta.values())
+        for k in ("host_wait", "kernel_wait", "other"):
+            assert abs(ours[k] - hta.get(k, 0.0)) <= max(1.0, 0.0025 * idle), (folder, r, k, ours[k], hta.get(k))
+
+
+@pytest.mark.parametrize("folder", ["a100-nccl", "v100-ns-clock"])
+def test_where_hta_rounds_its_kernel_wait_grows_by_at_most_a_microsecond_a_gap(folder):
+    """Nanosecond traces: HTA's ceil(start) / floor(end) shrinks every event by up to 1 us, so each gap grows
+    by up to 2 us; its kernel wait exceeds ours by no more than that, and never falls below it."""
+    for r, ours in _stream_split(folder).items():
+        hta = _hta_split(folder, r, ours["stream"])
+        grow = hta.get("kernel_wait", 0.0) - ours["kernel_wait"]
+        assert 0 <= grow <= 2 * ours["events"], (folder, r, grow)

@@ -140,19 +140,21 @@ def _idle_fix(a: dict) -> str:
 def critical_path_finding(a: dict) -> Finding:
     """What bounds each rank's window: the kind of work with the most time on its critical path."""
     v = {r: x["critical"] for r, x in a["ranks"].items() if x.get("critical")}
-    per = {str(r): c["shares"]["compute"] + c["shares"]["copy"] for r, c in sorted(v.items())}
-    words = "pass when compute is the largest part of the critical path; warn when the CPU or communication is"
+    per = {str(r): c["bound_share"] for r, c in sorted(v.items())}
+    words = ("pass when the GPU's compute bounds the window; warn when the CPU or communication does (value: the "
+             "bounding kind's share of the critical path)")
     if not v:
         return Finding(id="baseline/trace_critical_path", value=None, unit="fraction", verdict="info", threshold=words,
                        message="not read: no GPU events in the window", fix="", source=_source(a))
-    r = min(per, key=per.get)
+    off = [r for r in per if v[int(r)]["bound"] != "compute"]
+    r = max(off, key=per.get) if off else min(per, key=per.get)
     c = v[int(r)]
     sh = c["shares"]
     chain = ", ".join(f"{x['name'][:60]} ({num(x['ns'] / 1e6)} ms)" for x in c["chain"][:4])
     msg = (f"rank {r}'s window is {c['bound']}-bound: of its {num(c['total_ms'])} ms critical path, compute "
            f"{pct(sh['compute'])}, copies {pct(sh['copy'])}, communication {pct(sh['comm'])}, waiting for a late peer "
            f"{pct(sh['wait'])}, CPU (launches, host work) {pct(sh['cpu'])}, unexplained idle {pct(sh['idle'])}; "
-           f"the chain: {chain or 'CPU work only'}")
+           f"the chain: {chain or 'CPU work only'}" + (f" ({c['note']})" if c.get("note") else ""))
     fix = {"compute": "Nothing to fix here: the GPU's own work sets the step; faster kernels (chapter 1) shorten it.",
            "cpu": "The CPU sets the step: " + LAUNCH_FIX + " Move host work (logging, .item()) off the step.",
            "communication": ("A late peer sets the step: see load_balance/trace_collective_wait."

@@ -30,6 +30,10 @@ BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n:
                 "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send_recv": lambda n: 1.0}
 
 
+# a CPU-paced critical path with the GPU idle less than this: the GPU's work is near-critical, the step GPU-bound
+JUST_IN_TIME_IDLE = 0.05
+
+
 def _div(a, b):
     return a / b if b else None
 
@@ -145,8 +149,17 @@ def _split_wait(v: dict, s: dict, cw: dict | None, r) -> None:
         total = crit["total_ns"]
         bound = max(("cpu", "compute", "communication"), key=lambda k: {"cpu": parts["cpu"], "compute":
                     parts["compute"] + parts["copy"], "communication": parts["comm"] + parts["wait"]}[k])
-        v["critical"] = {"bound": bound, "shares": {k: x / total for k, x in parts.items()}, "total_ms": total / 1e6,
-                         "chain": crit["chain"]}
+        note = None
+        if bound == "cpu" and v.get("idle") is not None and v["idle"] < JUST_IN_TIME_IDLE:
+            # the CPU paces the GPU with almost no slack: the GPU's own work is as long as the path
+            note = (f"the CPU launches each kernel just in time, but the GPU was busy {1 - v['idle']:.0%} of the window: "
+                    "its own work sets the step within the idle share")
+            bound = "compute" if (v.get("compute") or 0) >= (v.get("exposed_comm_total") or 0) else "communication"
+        shares = {k: x / total for k, x in parts.items()}
+        own = {"cpu": shares["cpu"], "compute": shares["compute"] + shares["copy"],
+               "communication": shares["comm"] + shares["wait"]}[bound]
+        v["critical"] = {"bound": bound, "shares": shares, "total_ms": total / 1e6, "chain": crit["chain"], "note": note,
+                         "bound_share": 1 - v["idle"] if note else own}
     else:
         v["critical"] = None
     n = max(1, v["steps"])

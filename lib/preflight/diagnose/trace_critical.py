@@ -17,9 +17,11 @@ Each stretch of the path is one kind: ``compute`` (matmul and memory-bound kerne
 (collective kernels: the analysis splits each into waiting for a late peer and transfer, with the
 cross-rank match, ``trace_analysis``), ``copy``, ``cpu`` (launches and host work), ``idle``. The
 kind with the most time says whether the window was CPU-, compute- or communication-bound; the ops
-with the most time on the path are the chain to shorten. HTA builds the same graph with CUDA event
-edges and per-op CPU nodes (``hta.analyzers.critical_path_analysis``); ``docs/traces-vs-hta.md``
-compares the two.
+with the most time on the path are the chain to shorten. A path the CPU paces while the GPU idles
+less than 5 % of the window (each kernel launched just in time) is called GPU-bound by the analysis:
+with so little slack, the GPU's own work is as long as the path (``trace_analysis.JUST_IN_TIME_IDLE``).
+HTA builds the same graph with CUDA event edges and per-op CPU nodes
+(``hta.analyzers.critical_path_analysis``); ``docs/traces-vs-hta.md`` compares the two.
 """
 from __future__ import annotations
 
