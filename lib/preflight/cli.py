@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--results", help="folder of measurement records (JSON) to use instead of measuring")
     a.add_argument("--traces", metavar="DIR", help="your job's torch.profiler traces (one file or more per rank): "
                                                    "their findings join each chapter's")
+    a.add_argument("--flight-recorder", metavar="DIR", help="your hung job's Flight Recorder dumps (_dump_<rank>, one "
+                                                            "per rank): chapter 5 names the ranks that hung it")
+    a.add_argument("--stragglers", metavar="DIR", help="your job's per-op trace (*.parquet + meta*.yaml): chapter 4 "
+                                                       "says what its stragglers cost, and why")
     a.add_argument("--quick", action="store_true", help="smallest measurement sizes (smoke test)")
     a.add_argument("--playbook", help=argparse.SUPPRESS)  # tests: another notebook folder
 
@@ -179,6 +183,7 @@ def cmd_audit(args) -> int:
             audit_traces(traces, None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
         except TraceError as err:
             _die(f"--traces: {err}")
+    evidence = _audit_evidence(args, chapters)      # read before anything is written too: exit 2 here
     # a plan-only audit writes beside the measured report, never over it
     out = Path(args.out) if args.out else Path("reports") / (profile.project + ("-plan" if args.plan_only else ""))
     if out.exists() and not out.is_dir():
@@ -198,7 +203,8 @@ def cmd_audit(args) -> int:
     try:
         summary = audit.run_audit(profile, Path(args.profile).resolve(), out.resolve(), chapters=chapters,
                                   playbook=playbook, plan_only=args.plan_only, results_dir=results,
-                                  timeout_s=args.timeout, quick=args.quick, workload=workload, traces_dir=traces)
+                                  timeout_s=args.timeout, quick=args.quick, workload=workload, traces_dir=traces,
+                                  **evidence)
     except FindingsError as err:    # a chapter emitted something outside the contract: a bug, not input
         print(f"error: the report was not written: {err}", file=sys.stderr)
         return 1
@@ -206,6 +212,36 @@ def cmd_audit(args) -> int:
         print(f"  chapter {c['number']} {c['name']:<18} {c['status']:<6} {c['verdict']:<6} {c['elapsed_s']:>6.1f} s")
     print(f"report: {(out / 'index.html').resolve()}")
     return audit.exit_code(summary, args.fail_on)
+
+
+def _audit_evidence(args, chapters: list[int]) -> dict:
+    """``--flight-recorder DIR`` and ``--stragglers DIR``, read and checked (``preflight.runner.evidence``):
+    absolute folders for ``run_audit``, or exit 2 naming the file (or the chapter the selection leaves out)."""
+    from preflight.chapters.registry import BY_NAME
+    from preflight.diagnose.flight_recorder_dump import DumpError
+    from preflight.diagnose.stragglers_trace import StragglerTraceError
+    from preflight.runner import evidence
+
+    out = {}
+    for option, key, chapter, read, errors in (
+            ("--flight-recorder", "flight_recorder_dir", "fault_tolerance", evidence.hang, DumpError),
+            ("--stragglers", "stragglers_dir", "load_balance", evidence.stragglers, StragglerTraceError)):
+        given = getattr(args, key.removesuffix("_dir"))
+        if not given:
+            continue
+        n = BY_NAME[chapter].number
+        if n not in chapters:
+            _die(f"{option} is read by chapter {n} ({chapter}), which --chapters {args.chapters} leaves out: "
+                 f"add {n} to --chapters")
+        folder = Path(given).resolve()
+        try:
+            read(folder)
+        except errors as err:
+            _die(f"{option}: {err}")
+        except OSError as err:
+            _die(f"{option}: {err.filename or given}: {err.strerror or err}")
+        out[key] = folder
+    return out
 
 
 def cmd_check(args) -> int:

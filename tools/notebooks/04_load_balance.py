@@ -27,6 +27,7 @@ out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
+stragglers_dir = ""     # your job's per-op trace (*.parquet + meta*.yaml); empty: the shared case AR
 
 # %%
 print("Loading the chapter's libraries (a few seconds) ..." if plan_only else
@@ -371,6 +372,35 @@ if interactive:
     display(straggler_explorer(prof.gpus, cv0))
 else:
     print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
+# ## What your stragglers cost
+#
+# The formula above says what jitter *would* cost at N ranks. What the stragglers of your own job *did*
+# cost, and why, takes a per-op trace: every forward and backward compute, pipeline send/recv, gradient
+# reduce-scatter, parameter all-gather and optimizer call of one rank per tensor-parallel group, timed
+# with CUDA events over a few dozen steps (a Parquet file, one row per op, and a `meta*.yaml` with the
+# layout). The **what-if analysis** (Lin et al., ByteDance-Seed, arXiv 2505.05713) replays the dependency
+# graph of every step (stream order in a worker, send/recv between stages, collectives across replicas)
+# twice: with the recorded durations, and with every op at its type's typical duration. Their ratio is
+# the slowdown **S = real / ideal** (1.0: nothing straggles), `load_balance/straggler_cost` (warn above
+# 1.05, fail above 1.10).
+#
+# Then the **attribution**: a replay that keeps only one worker, one stage or one op type as recorded says
+# how much slowdown it causes alone; one that fixes only it says what share of the loss fixing it wins
+# back. The cause is named with its fix: **one slow worker** (its compute slower than its stage's other
+# workers in most steps: drain its node), **stage imbalance** (one pipeline stage computes more per
+# micro-batch: repartition the layers), or **sequence-length imbalance** (micro-batches of unequal token
+# counts: a long one is long in its forward and its backward alike; balance tokens, not sequences).
+# `python -m preflight audit PROFILE --stragglers DIR` puts your job's here (also `python -m preflight
+# traces DIR`). Without a folder this section shows the shared case AR in JupyterLab (64 GPUs, one slow
+# worker: steps take twice as long as they would) and adds no finding; the headless audit shows nothing
+# here.
+
+# %%
+from preflight.runner.evidence_section import show_stragglers
+
+straggler_cost = show_stragglers(ch, stragglers_dir, example=interactive)
 
 # %% [markdown]
 # ## Your job's traces

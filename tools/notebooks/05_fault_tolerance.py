@@ -37,6 +37,7 @@ out_dir = ""            # the audit's output folder (records, charts)
 quick = False           # smallest sizes (smoke test)
 interactive = True      # show the sliders (the headless audit turns them off)
 traces_dir = ""         # your job's torch.profiler traces (a folder, one file or more per rank); empty: the example
+flight_recorder_dir = ""  # your hung job's Flight Recorder dumps (_dump_<rank>, one per rank); empty: the shared case
 shared_dir = ""         # the "shared" file system for checkpoints (default: data.scratch_dir, else .cache/)
 
 # %%
@@ -370,6 +371,55 @@ check(EX["day"], prediction_day, reveal=not interactive)
 # %%
 if "interval" in EX:
     check(EX["interval"], prediction_interval, reveal=not interactive)
+
+# %% [markdown]
+# ## When the job hangs: which rank, and at which collective
+#
+# A failure that kills a process is seen at once; a **hang** is not. One rank stops launching collectives
+# (a GPU error, a Python thread holding the GIL, a dead process, a code path the others did not take), and
+# its peers launch the next collective and wait in it, and everything behind them waits too, until the
+# NCCL watchdog's timeout ends the job, often with little more said than "Watchdog caught collective
+# operation timeout". At 1,000 ranks the rank that stopped is one line in a thousand logs.
+#
+# PyTorch's **Flight Recorder** keeps each rank's last collectives in a ring buffer (process group,
+# sequence id, op, shapes, dtypes, and per group the last collective the rank launched and the last it
+# saw complete) and writes it at that timeout, one `_dump_<rank>` file per rank. Lined up across ranks,
+# the dumps say where progress stopped: a collective its group's other members launched and wait in, and
+# the members that **never launched it**. A rank behind its peers in every group it is in, and ahead of
+# nobody, is where the waiting starts (`python -m preflight hang DIR`, the method and its comparison with
+# NVIDIA's analyser: docs/flight-recorder.md). The dumps are pickles: they are read by an unpickler that
+# admits builtin values only, never by `pickle.load`.
+#
+# **The picture**: ranks (rows) x kinds of process group (columns); each cell how many collectives that
+# rank launched behind its group's leader, red where it never launched the collective the group waits in.
+# In a real hang one or two rows are red across their groups, and the rest of their groups wait (orange).
+#
+# **Turn it on before the job hangs.** In every rank's environment (the job script, before `torchrun` or
+# `srun`):
+#
+# - `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` (`TORCH_FR_BUFFER_SIZE` in recent PyTorch): keep each rank's last
+#   2,000 collectives (0, the default, records nothing; the cost is a few hundred bytes per collective);
+# - `TORCH_NCCL_DUMP_ON_TIMEOUT=1`: write them when a collective passes its timeout (the `timeout=` of
+#   `init_process_group`); the rank that times out tells the others through the rendezvous store, so every
+#   live rank writes its file;
+# - `TORCH_FR_DUMP_TEMP_FILE=/shared/fs/fr/$SLURM_JOB_ID/_dump_` (older name, still read:
+#   `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`; the default `/tmp/nccl_trace_rank_` is each node's local disk): each
+#   rank writes `<prefix><rank>`; a folder that exists, on a file system every node sees.
+#
+# **The trigger** is the collective timeout: keep it shorter than the walltime left, or the scheduler
+# kills the job before anything is dumped. To dump a running job on demand, call
+# `torch._C._distributed_c10d._dump_fr_trace()` (`_dump_nccl_trace()` in older builds) in each rank and
+# write the bytes it returns to `<prefix><rank>`; a job that is not hung shows ranks a few collectives
+# apart by design, so judge dumps taken at the hang. Then `python -m preflight audit PROFILE
+# --flight-recorder DIR` puts the answer here, as `fault_tolerance/hang_attribution` (its value: how many
+# ranks are named; each one's confidence in `per_rank`). Without a folder this section shows a shared
+# public case in JupyterLab (a GPU error injected into ranks 9 and 14 of a 16-rank MoE job) and adds no
+# finding; the headless audit shows nothing here.
+
+# %%
+from preflight.runner.evidence_section import show_hang
+
+hang = show_hang(ch, flight_recorder_dir, example=interactive)
 
 # %% [markdown]
 # ## Your job's traces

@@ -14,6 +14,7 @@ from pathlib import Path
 from preflight.core.findings import VERDICT_RANK
 from preflight.core.numfmt import fmt_finding, num
 from preflight.reporting import guidance
+from preflight.reporting.evidence_table import evidence_html
 from preflight.reporting.html import (
     chapter_page,
     chapter_pitfall,
@@ -60,6 +61,7 @@ CHART_HEADINGS = {
     "trace_timeline": "Your job's traces: one step per rank (compute, communication, copies; white is idle)",
     "trace_ranks": "Your job's traces: across ranks, best, median and worst",
     "plan_vs_trace": "Your job's traces against the plan: the planned step and the traced one, term by term",
+    "hang_progress": "Your job's Flight Recorder dumps: how far each rank got in each process group",
 }
 CHART_SCALE = 1.3          # a chart's own size reads small on a report page: drawn 1.3x, at most
 CHART_MAX_PX = 1000        # the page's width
@@ -151,26 +153,6 @@ def guidance_html(summary: dict) -> str:
             f"<ol class='fixes'>{''.join(items)}</ol><p class='meta'>{how}</p></section>")
 
 
-def traces_html(summary: dict) -> str:
-    """The trace-quality table of ``audit --traces``: per file, what it can support and why not."""
-    t = summary.get("traces")
-    if not t:
-        return ""
-    rows = [f"<td class='num'>{'?' if q['rank'] is None else q['rank']}</td><td>{esc(q['file'])}</td>"
-            f"<td class='num'>{q['gpu_events'] if q['gpu_events'] is not None else ''}</td>"
-            f"<td class='num'>{q['steps'] if q['steps'] is not None else ''}</td>"
-            f"<td>{esc(', '.join(q['supports']) or 'nothing')}</td><td>{esc('; '.join(q['limits']) or 'none')}</td>"
-            for q in t["quality"][:64]]
-    more = (f"<p class='meta'>{len(t['quality']) - 64} more files: <code>python -m preflight traces "
-            f"{esc(t['folder'])} --json</code> lists each.</p>" if len(t["quality"]) > 64 else "")
-    miss = (f" {len(t['missing'])} of {t['world_size']} ranks have no trace." if t.get("missing") else "")
-    return ("<h2>Your job's traces</h2>"
-            f"<p class='meta'>{len(t['ranks'])} rank(s) read from <code>{esc(short_paths(t['folder']))}</code>"
-            + (f", world size {t['world_size']}" if t["world_size"] else "") + f".{esc(miss)} Their findings "
-            "(ids <code>*/trace_*</code>) are in each chapter below. What each file can support:</p>"
-            + table(["Rank", "File", "GPU events", "Steps", "Supports", "Limits"], rows, "trace-quality") + more)
-
-
 def index_html(summary: dict, out_dir: Path) -> str:
     """The audit summary page; ``summary`` as returned by ``preflight.reporting.report.load_findings``."""
     by_ch = {c["number"]: [f for f in summary["findings"] if f["chapter"] == c["number"]]
@@ -199,7 +181,7 @@ def index_html(summary: dict, out_dir: Path) -> str:
             + "<h2>Verdicts</h2><p class='meta'>One row per chapter: its worst verdict and the finding that "
               "decided it (the number its threshold judges, furthest from passing).</p>"
             + table(["Chapter", "Verdict", "Deciding finding", "Value", "Threshold", "Fix"], rows, "verdicts")
-            + traces_html(summary)
+            + evidence_html(summary)
             + "".join(sections)
             + "<p class='meta'>findings.json holds every number above, machine-readable "
               "(schema: preflight/schema/findings.schema.json).</p>")

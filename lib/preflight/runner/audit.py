@@ -157,17 +157,28 @@ def _traces_summary(traces_dir: Path, profile: Profile) -> dict:
             "missing": a["missing"], "unreadable": a["unreadable"], "notes": a["notes"], "quality": a["quality"]}
 
 
+def _evidence_summary(flight_recorder_dir: Path | None, stragglers_dir: Path | None) -> list[dict]:
+    """The report's quality rows for the Flight Recorder dumps and the per-op trace (read once: cached)."""
+    from preflight.runner import evidence
+
+    return ([evidence.flight_recorder_row(evidence.hang(flight_recorder_dir))] if flight_recorder_dir else []) + \
+        ([evidence.stragglers_row(evidence.stragglers(stragglers_dir))] if stragglers_dir else [])
+
+
 def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: list[int],
               playbook: Path = PLAYBOOK, plan_only: bool = False, results_dir: Path | None = None,
               timeout_s: int = DEFAULT_TIMEOUT_S, quick: bool = False, log=print,
-              workload: dict | None = None, executor: str = "auto", traces_dir: Path | None = None) -> dict:
+              workload: dict | None = None, executor: str = "auto", traces_dir: Path | None = None,
+              flight_recorder_dir: Path | None = None, stragglers_dir: Path | None = None) -> dict:
     """Execute the chosen chapters, write findings.json and the HTML report; return the summary.
     Paths must be absolute: the notebooks run with the playbook folder as working directory.
     ``workload``: what ``check_workload`` saw (the report's header names it). ``executor``: ``auto``
     (in this process when nothing is measured live, else a kernel per chapter), ``kernel`` or
     ``inprocess`` (plan-only audits only, refused otherwise). ``traces_dir``: the job's profiler traces,
     whose findings each chapter adds (its "your job's traces" section) and whose quality table the
-    report shows."""
+    report shows. ``flight_recorder_dir`` (chapter 5's parameter) and ``stragglers_dir`` (chapter 4's): the
+    job's Flight Recorder dumps and per-op trace (``preflight.runner.evidence``), each a finding in its
+    chapter and a row of that table."""
     from preflight.core.device import BackgroundProbe, probe, versions
     from preflight.runner import inprocess
 
@@ -194,6 +205,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
     params = {"profile_path": str(profile_path), "plan_only": plan_only,
               "results_dir": str(results_dir) if results_dir else "", "out_dir": str(out_dir),
               "quick": quick, "interactive": False} | ({"traces_dir": str(traces_dir)} if traces_dir else {})
+    only = {"fault_tolerance": {"flight_recorder_dir": str(flight_recorder_dir)} if flight_recorder_dir else {},
+            "load_balance": {"stragglers_dir": str(stragglers_dir)} if stragglers_dir else {}}   # one chapter's parameter
     started = time.perf_counter()
     runs: list[ChapterRun] = []
     started_kernels: list = []   # managers of the kernels started (kernels.stop ends them)
@@ -218,7 +231,8 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
                     left = time_left(chapters[:i - 1], chapters[i - 1:], elapsed) if measuring else None
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: running (elapsed {elapsed:.0f} s"
                         + (f", about {duration(left)} left)" if left is not None else ")"), flush=True)
-                    run = _run_chapter(num, name, nb_path, out_dir, params, playbook, timeout_s, km_class)
+                    run = _run_chapter(num, name, nb_path, out_dir, params | only.get(name, {}), playbook, timeout_s,
+                                       km_class)
                     log(f"[{i}/{len(chapters)}] chapter {num} {name}: {run.status} in {run.elapsed_s:.1f} s, "
                         f"{len(run.findings)} findings, worst: {worst(f['verdict'] for f in run.findings)}",
                         flush=True)
@@ -246,6 +260,7 @@ def run_audit(profile: Profile, profile_path: Path, out_dir: Path, *, chapters: 
                 "verdict": worst(f["verdict"] for f in r.findings)} for r in runs],
             "findings": [f | {"chapter": r.number} for r in runs for f in r.findings],
             "traces": _traces_summary(traces_dir, profile) if traces_dir else None,
+            "evidence": _evidence_summary(flight_recorder_dir, stragglers_dir),
         }
         _publish(summary, out_dir)
         published = True
