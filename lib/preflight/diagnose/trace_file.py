@@ -128,6 +128,17 @@ def _event(d: dict, cat, name, kind: str):
                           if a.get("Concrete Inputs") is not None else None})
 
 
+def _kind(cat, name) -> str | None:
+    """"G" (GPU event), "R" (runtime call), "C" (a CPU event the verdicts read) or None (dropped)."""
+    if cat in GPU_CATS:
+        return "G"
+    if cat in RUNTIME_CATS:
+        return "R"
+    if isinstance(name, str) and _keep_cpu(name) and not (isinstance(cat, str) and cat.startswith("gpu_")):
+        return "C"                  # (gpu_user_annotation: GPU-side copies of annotations, not read)
+    return None
+
+
 def _hook(d: dict):
     """Called for every JSON object, innermost first: drop each event no verdict reads, check the others
     (``trace_validate``) and hold them as short tuples rather than dicts (most of the memory a big trace
@@ -138,13 +149,8 @@ def _hook(d: dict):
     if ph != "X":
         return None
     cat, name = d.get("cat"), d.get("name")
-    if cat in GPU_CATS:
-        kind = "G"
-    elif cat in RUNTIME_CATS:
-        kind = "R"
-    elif isinstance(name, str) and _keep_cpu(name) and not (isinstance(cat, str) and cat.startswith("gpu_")):
-        kind = "C"                  # (gpu_user_annotation: GPU-side copies of annotations, not read)
-    else:
+    kind = _kind(cat, name)
+    if kind is None:
         return None
     try:
         return _event(d, cat, name, kind)

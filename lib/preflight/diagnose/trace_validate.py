@@ -41,6 +41,9 @@ class Bad(Exception):
 
 def ns(v, field: str, limit: int) -> int:
     """A time in microseconds -> integer nanoseconds, or :class:`Bad`."""
+    t = type(v)
+    if t is float and 0 <= v <= limit // 1000:           # the common case first: a plain number in range
+        return int(round(v * 1000))
     if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
         raise Bad(field, f"{type(v).__name__} {_short(v)}, not a number of microseconds")
     if isinstance(v, int):
@@ -201,3 +204,4 @@ def devices(props) -> list[str]:
 def _short(v) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
+
