@@ -213,7 +213,7 @@ def test_an_uneven_pipeline_split_is_planned_at_its_fullest_stage():
     even = M.Plan(**{**SEVEN_B, "layers": 64, "pp": 16, "dp": 1})
     act = (lambda p: float(M.terms(p).set_index("term").loc["activations", "bytes"]))
     assert act(uneven) == pytest.approx(act(even))           # 4 layers each on the fullest stage
-    with pytest.raises(ValueError, match="every stage needs a layer"):
+    with pytest.raises(ValueError, match="every stage and chunk needs a layer"):
         M.Plan(**{**SEVEN_B, "layers": 8, "pp": 16, "dp": 1})
 
 
@@ -250,3 +250,15 @@ def test_bad_arguments_rejected():
         MF.cheapest_fit(plan, 80, gpus_per_node=8, gpus=16)
     with pytest.raises(ValueError, match="gpus_per_node"):
         MF.cheapest_fit(plan, 80, gpus_per_node=0, gpus=8)
+
+
+def test_published_uneven_interleaving_is_accepted():
+    """Llama 3.1 405B in Megatron-Bridge (126 layers, pp 16, 8 chunks: the embedding and the loss take a slot
+    each, --account-for-embedding-in-pipeline-split) and DeepSeek-V3 (61 layers, pp 4, 4 chunks) ran: planned,
+    at the fullest stage."""
+    M.Plan(**{**SEVEN_B, "layers": 126, "pp": 16, "dp": 1, "interleave": 8, "schedule": "interleaved",
+              "microbatches": 16})
+    M.Plan(**{**SEVEN_B, "layers": 61, "pp": 4, "dp": 1, "interleave": 4, "schedule": "interleaved", "microbatches": 8})
+    with pytest.raises(ValueError, match="layers \\+ 2"):
+        M.Plan(**{**SEVEN_B, "layers": 126, "pp": 16, "dp": 1, "interleave": 9, "schedule": "interleaved",
+                  "microbatches": 16})

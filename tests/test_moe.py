@@ -41,8 +41,8 @@ def test_deepseek_v3s_published_layout_through_the_planner_and_the_step_model():
     ZeRO-1 data parallelism, no TP. Active parameters 37B of 671B. Memory: without recomputation the
     fullest stage does not fit 80 GB (the report recomputes RMSNorm and MLA up-projections and stores
     activations in low precision, sec. 3.2.3); with it, it does. Throughput: the report's 180K H800 GPU
-    hours per trillion tokens is 1,543 tokens/s per GPU; the model's all-to-alls counted blocking give a
-    lower bound below it, fully hidden (DualPipe's aim) an upper bound above it."""
+    hours per trillion tokens is 1,543 tokens/s per GPU: predicted within 20 %, no bracket, with the
+    all-to-alls as the report runs them (fp8 dispatch, 4-node routing, overlapped by DualPipe)."""
     from conftest import REPO
     from preflight.chapters import advisor
     from preflight.core.profile import load_profile
@@ -54,10 +54,11 @@ def test_deepseek_v3s_published_layout_through_the_planner_and_the_step_model():
         update={"activation_recompute": "full"})}))
     assert not none["fits"] and full["fits"]
     published = 1e12 / (180e3 * 3600)
-    blocking = none["tokens_per_s_per_gpu"]
-    hidden = blocking * none["step_s"] / (none["step_s"] - none["a2a_s"])
-    assert blocking < published < hidden
-    assert none["a2a_s"] > 0 and none["mfu"] < 0.4
+    assert none["tokens_per_s_per_gpu"] / published == pytest.approx(1.0, abs=0.20)
+    assert none["a2a_comm_s"] > 0 and none["a2a_s"] < none["a2a_comm_s"] and none["mfu"] < 0.45
+    blocking = advisor.evaluate_plan(p.model_copy(update={"training": p.training.model_copy(
+        update={"moe_a2a_overlap": False})}))
+    assert blocking["tokens_per_s_per_gpu"] < none["tokens_per_s_per_gpu"]
 
 
 def test_the_advisor_searches_expert_parallelism():

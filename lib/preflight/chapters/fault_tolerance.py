@@ -36,10 +36,16 @@ STALL_WARN, STALL_FAIL = 0.5, 1.0
 
 
 def checkpoint_cost(profile: Profile) -> tuple[float, str]:
-    """C, seconds to write one checkpoint, and how it was obtained: ``training.checkpoint_write_s`` when
-    the profile gives it, else from the state's bytes over ``cluster.checkpoint_write_GBps``, else the
-    field's default."""
+    """C, seconds the training stalls for one checkpoint, and how it was obtained: with
+    ``training.async_checkpoint`` the blocking part only (each GPU staging its share of the state to host
+    memory, ``resilience.async_blocking_seconds``); else ``training.checkpoint_write_s`` when the profile gives
+    it, else from the state's bytes over ``cluster.checkpoint_write_GBps``, else the field's default."""
     c, t = profile.cluster, profile.training
+    if t.async_checkpoint:
+        C = R.async_blocking_seconds(profile.model.params, t.framework, profile.gpus)
+        return C, (f"asynchronous save: the blocking part, {R.CHECKPOINT_BYTES_PER_PARAM[t.framework]} B/param x "
+                   f"{profile.model.params:.3g} params / {profile.gpus:,} GPUs staged to host memory at "
+                   f"{R.HOST_STAGING_GBps:g} GB/s each (the write runs in the background)")
     if "checkpoint_write_s" in t.model_fields_set or c.checkpoint_write_GBps is None:
         return t.checkpoint_write_s, ("training.checkpoint_write_s" if "checkpoint_write_s" in t.model_fields_set
                                       else "training.checkpoint_write_s's default (set it, or the write bandwidth)")

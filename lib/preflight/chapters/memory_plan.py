@@ -35,7 +35,7 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
                   interleave=t.interleave if t.pp > 1 else 1, attention=m.attention, mlp=m.mlp,
                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, dropout=m.dropout, framework=t.framework,
                   shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None,
-                  fp8=t.fp8, moe=m.expert_spec, ep=t.ep, cp=t.cp, grad_dtype=t.grad_dtype,
+                  fp8=t.fp8, moe=m.expert_spec, ep=t.ep, etp=t.etp, cp=t.cp, grad_dtype=t.grad_dtype,
                   bucket_view=t.gradient_as_bucket_view)
     fields.update(changes)
     return M.Plan(**fields)

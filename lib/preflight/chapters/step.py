@@ -47,10 +47,14 @@ def model_of(profile: Profile) -> T.Model:
     """The profile's model as the step model sees it (fp8: the chip's fp8 peak over its bf16 peak)."""
     m = profile.model
     chip = hardware.lookup(profile.cluster.gpu) if profile.cluster.gpu != "auto" else None
-    speedup = (chip.fp8_tflops / chip.bf16_tflops) if profile.training.fp8 and chip and chip.fp8_tflops else 1.0
+    fp8 = profile.training.fp8 and chip is not None and chip.fp8_tflops
+    speedup = T.fp8_gain(profile.cluster.gpu, chip.fp8_tflops, chip.bf16_tflops) if fp8 else 1.0
     return T.Model(params=m.params, layers=m.layers, hidden=m.hidden, seq_len=m.seq_len, vocab=m.vocab,
                    ffn_hidden=m.ffn_hidden, causal_flash=m.attention == "flash", matmul_speedup=speedup,
-                   experts=m.expert_spec, heads=m.n_heads, kv_heads=m.n_kv_heads)
+                   fp8_recipe=profile.training.fp8_recipe if fp8 else None, swiglu=m.mlp == "swiglu",
+                   experts=m.expert_spec, heads=m.n_heads, kv_heads=m.n_kv_heads, qk_head_dim=m.qk_head_dim,
+                   v_head_dim=m.v_head_dim, a2a_overlap=profile.training.moe_a2a_overlap,
+                   dispatch_fp8=profile.training.moe_dispatch_fp8, node_limit=profile.training.moe_node_limit)
 
 
 def cluster_of(profile: Profile, gpu_key: str | None) -> T.Cluster:
@@ -62,7 +66,8 @@ def cluster_of(profile: Profile, gpu_key: str | None) -> T.Cluster:
     c = profile.cluster
     return T.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node, intra_node_GBps=c.intra_node_GBps,
                      inter_node_Gbps=c.inter_node_Gbps, nics_per_node=profile.nics_per_node, chip=gpu_key,
-                     in_network=c.in_network)
+                     in_network=c.in_network, nvlink_domain=c.nvlink_domain,
+                     memory_GBps=(hardware.lookup(gpu_key).memory_GBps if hardware.lookup(gpu_key) else None))
 
 
 def overlap_of(profile: Profile) -> T.Overlap:
@@ -82,14 +87,15 @@ def layout_of(profile: Profile, gpus: int | None = None) -> T.Layout:
     return T.Layout(tp=t.tp, pp=t.pp, dp=dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                     sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
                     microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                    ep=t.ep, cp=t.cp)
+                    ep=t.ep, cp=t.cp, etp=t.etp)
 
 
 def time_layout(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None = None) -> T.StepTime:
     """``throughput.step_time`` of ``lay`` with the profile's model, dtype, serial part, overlap and framework."""
     return T.step_time(lay, model=model_of(profile), cluster=cluster, efficiency=efficiency,
                        grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s,
-                       overlap=overlap_of(profile), framework=profile.training.framework)
+                       overlap=overlap_of(profile), framework=profile.training.framework,
+                       shard_gpus=profile.cluster.gpus_per_node if profile.training.shard_group == "node" else None)
 
 
 @dataclass(frozen=True)

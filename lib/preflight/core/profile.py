@@ -337,9 +337,12 @@ class Profile(_Strict):
         if m.experts:
             if m.top_k > m.experts:
                 raise ValueError(f"model.top_k = {m.top_k} must be at most model.experts = {m.experts}")
-            if m.experts % t.ep or dp % t.ep:
-                raise ValueError(f"training.ep = {t.ep} must divide model.experts = {m.experts} and the data-parallel "
-                                 f"size {dp} (expert parallelism is carved out of data parallelism)")
+            etp = t.etp or t.tp
+            if m.experts % t.ep or (t.tp * dp * t.cp) % (t.ep * etp):
+                raise ValueError(f"training.ep = {t.ep} must divide model.experts = {m.experts}, and ep x etp = "
+                                 f"{t.ep * etp} the tp x dp x cp = {t.tp * dp * t.cp} ranks of a stage (Megatron's MoE "
+                                 "parallel folding: experts spread over the tensor-, data- and context-parallel ranks; "
+                                 "training.etp defaults to tp)")
             if (m.moe_layers or 0) > m.layers:
                 raise ValueError(f"model.moe_layers = {m.moe_layers} must be at most model.layers = {m.layers}")
             routed = m.expert_spec.routed_params(m.hidden)

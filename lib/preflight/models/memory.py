@@ -113,6 +113,7 @@ class Plan:
     fp8: bool = False               # FP8 GEMMs (Transformer Engine): an fp8 weight copy and its transpose
     moe: Experts | None = None      # mixture-of-experts (``preflight.models.moe``): routed experts over ep
     ep: int = 1
+    etp: int | None = None          # expert tensor parallelism; None: tp (Megatron's default)
     cp: int = 1                     # context parallelism: each GPU keeps s / cp tokens' activations
     grad_dtype: str | None = None   # the gradients' dtype (states.layout); None: the framework's default
     bucket_view: bool = False       # DDP's gradient_as_bucket_view (one fp32 gradient copy, not two)
@@ -132,10 +133,14 @@ class Plan:
         if self.kv % self.tp:
             raise ValueError(f"tp must divide heads and kv_heads (heads={self.heads}, kv_heads={self.kv}, "
                              f"tp={self.tp})")
-        if self.pp > self.layers or (self.interleave > 1 and self.layers % (self.pp * self.interleave)):
-            raise ValueError(f"every stage needs a layer, and interleaving equal chunks: pp <= layers, and pp * "
-                             f"interleave dividing layers when interleaved (layers={self.layers}, pp={self.pp}, "
-                             f"interleave={self.interleave})")
+        # uneven stages and chunks are accepted (Megatron's --decoder-first/last-pipeline-num-layers and
+        # --account-for-embedding-in-pipeline-split, torchtitan's splits): Llama 3.1 405B's 126 layers on
+        # 16 x 4 chunks; the fullest stage holds ceil(layers / pp) of them
+        # (Megatron's --account-for-embedding-in-pipeline-split gives the embedding and the loss a slot each:
+        # 126 layers + 2 on 16 x 8 chunks)
+        if self.pp > self.layers or self.pp * self.interleave > self.layers + 2:
+            raise ValueError(f"every stage and chunk needs a layer: pp x interleave <= layers + 2 (the embedding's "
+                             f"and the loss's slots; layers={self.layers}, pp={self.pp}, interleave={self.interleave})")
         for name, allowed in (("recompute", RECOMPUTE), ("schedule", SCHEDULES), ("precision", PRECISIONS),
                               ("attention", ATTENTION), ("mlp", MLP)):
             if getattr(self, name) not in allowed:
@@ -233,10 +238,11 @@ def _stage_terms(p: Plan, stage: str) -> list[tuple]:
     rows = [(t, b, f"{p.framework}: {f}", src)
             for t, b, f in S.state_rows(p.framework, p.precision, p.zero_stage, per_gpu, p.shard, where, p.grad_dtype,
                                         p.bucket_view)]
-    if routed:      # the routed experts: split by pp x ep, their states sharded over the dp / ep ranks holding each
-        experts_gpu = routed / (p.pp * p.ep)
-        e_rows = S.state_rows(p.framework, p.precision, p.zero_stage, experts_gpu, max(1, p.shard // p.ep),
-                              f"{num(experts_gpu)} expert params (routed / (pp ep))", p.grad_dtype)
+    if routed:      # the routed experts: split by pp x ep x etp, their states sharded over the ranks holding each
+        etp = p.etp or p.tp
+        experts_gpu = routed / (p.pp * p.ep * etp)
+        e_rows = S.state_rows(p.framework, p.precision, p.zero_stage, experts_gpu, max(1, p.shard * p.tp // (p.ep * etp)),
+                              f"{num(experts_gpu)} expert params (routed / (pp ep etp))", p.grad_dtype)
         rows = [(t, b + eb, f"{f}; experts: {ef}", s_) for (t, b, f, s_), (_, eb, ef) in zip(rows, e_rows)]
         per_gpu += experts_gpu
     lps = -(-p.layers // p.pp)          # the fullest stage (uneven splits: 61 layers on 16 stages hold 4)

@@ -56,14 +56,59 @@ def active_params(total: float, hidden: int, e: Experts | None) -> float:
     return total - e.moe_layers * (e.experts - e.top_k) * e.mlp_params(hidden)
 
 
-def params_per_gpu(total: float, hidden: int, e: Experts | None, tp: int, pp: int, ep: int) -> tuple[float, float]:
+def params_per_gpu(total: float, hidden: int, e: Experts | None, tp: int, pp: int, ep: int,
+                   etp: int = 1) -> tuple[float, float]:
     """(dense parameters, routed-expert parameters) one GPU holds: the dense part split by tp x pp, the
-    routed experts by pp x ep (experts are not split by tp here: Megatron's expert tensor parallelism
-    defaults to 1)."""
+    routed experts by pp x ep x etp (expert tensor parallelism splits each expert's matrices ``etp`` ways;
+    Megatron's ``--expert-tensor-parallel-size`` defaults to tp)."""
     if e is None:
         return total / (tp * pp), 0.0
     routed = e.routed_params(hidden)
-    return (total - routed) / (tp * pp), routed / (pp * ep)
+    return (total - routed) / (tp * pp), routed / (pp * ep * etp)
+
+
+FP8_DISPATCH_BYTES = 1 + 4 / 128   # DeepSeek-V3 / DeepEP: e4m3 values and one fp32 scale per 128 (sec. 3.3)
+
+
+@dataclass(frozen=True)
+class A2A:
+    """The all-to-alls of one MoE layer and micro-batch on one GPU (``a2a_layer``)."""
+    count: int                     # all-to-alls: dispatch + combine forward and backward (4), again with recompute (6)
+    inter_bytes: float             # bytes that cross the network, all of them together
+    intra_bytes: float             # bytes that stay inside the NVLink domain
+    seconds: float                 # the time, both links at once (the slower sets it)
+
+
+def a2a_layer(tokens: int, hidden: int, top_k: int, ep: int, *, ep_per_domain: int, nic_GBps: float,
+              nvlink_GBps: float, nic_latency_s: float, nvlink_latency_s: float, fp8_dispatch: bool = False,
+              node_limit: int | None = None, full_recompute: bool = False) -> A2A:
+    """Dispatch and combine of one MoE layer, forward and backward, for ``tokens`` on one GPU.
+
+    Each token goes to ``top_k`` experts spread over ``ep`` GPUs, ``ep_per_domain`` of them inside this GPU's
+    NVLink domain (``d = ep / ep_per_domain`` domains). Without a limit, a copy lands in another domain
+    with probability ``(d - 1) / d``: ``k (d - 1) / d`` copies of each token cross the network and
+    ``k (ep_per_domain - 1) / ep`` stay inside. **Node-limited routing** (DeepSeek-V3: at most 4 nodes per
+    token; Megatron's ``--moe-router-num-groups`` / ``--moe-router-group-topk``) with DeepEP's dispatch sends a
+    token once to each remote domain its experts sit in, and forwards it there over NVLink: at most
+    ``min(k, M) (d - 1) / d`` network copies. Bytes per value: the forward dispatch in fp8 where chosen
+    (``FP8_DISPATCH_BYTES``), everything else bf16 (DeepSeek-V3 combines and runs the backward in bf16).
+    Full recompute runs the forward dispatch and combine again: six all-to-alls, not four."""
+    if ep <= 1:
+        return A2A(0, 0.0, 0.0, 0.0)
+    d = max(1, ep // max(1, ep_per_domain))
+    copies_inter = (min(top_k, node_limit) if node_limit else top_k) * (d - 1) / d
+    copies_intra = top_k * (min(ep, ep_per_domain) - 1) / ep
+    fwd_dispatch = FP8_DISPATCH_BYTES if fp8_dispatch else MOE_DISPATCH_BYTES
+    per_value = [fwd_dispatch, MOE_DISPATCH_BYTES, MOE_DISPATCH_BYTES, MOE_DISPATCH_BYTES]   # fwd d, fwd c, bwd x2
+    if full_recompute:
+        per_value += [fwd_dispatch, MOE_DISPATCH_BYTES]
+    values = tokens * hidden
+    inter = sum(b * values * copies_inter for b in per_value)
+    intra = sum(b * values * copies_intra for b in per_value)
+    n = len(per_value)
+    t_inter = inter / (nic_GBps * 1e9) + (n * (d - 1) * nic_latency_s if d > 1 else 0.0)
+    t_intra = intra / (nvlink_GBps * 1e9) + n * (min(ep, ep_per_domain) - 1) * nvlink_latency_s
+    return A2A(n, inter, intra, max(t_inter, t_intra))
 
 
 def all_to_all_bytes(tokens: int, hidden: int, top_k: int, ep: int) -> float:

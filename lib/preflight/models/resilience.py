@@ -153,6 +153,21 @@ def checkpoint_seconds(params: float, framework: str, write_GBps: float) -> floa
     return params * CHECKPOINT_BYTES_PER_PARAM[framework] / (write_GBps * 1e9)
 
 
+# Asynchronous saves (Megatron --async-save, torch.distributed.checkpoint.async_save, torchtitan): the training
+# waits only while each rank copies its shard of the state to host memory; the file-system write runs in the
+# background. PCIe Gen4 x16 moves ~25 GB/s device-to-host (Gen5 about twice): chapter 5's stall measurement
+# (preflight.bench.ckptstall) gives the node's own figure.
+HOST_STAGING_GBps = 25.0
+
+
+def async_blocking_seconds(params: float, framework: str, gpus: int, host_GBps: float = HOST_STAGING_GBps) -> float:
+    """C of an asynchronous save: the blocking part, each GPU staging its 1/gpus share of the state
+    (``CHECKPOINT_BYTES_PER_PARAM``) to host memory. 70B with DeepSpeed on 64 GPUs: 15.3 GB each, 0.61 s."""
+    _check("params", params, 0, strict=True)
+    _check("host_GBps", host_GBps, 0, strict=True)
+    return params * CHECKPOINT_BYTES_PER_PARAM[framework] / max(1, gpus) / (host_GBps * 1e9)
+
+
 def queue_waste(queue_wait_s: float, run_s: float, walltime_h: float) -> float:
     """Share of the run spent waiting in the queue after the requeue of each allocation that ends at the
     walltime (``run / walltime - 1`` of them); a failure's requeue is paid in the restart time R."""

@@ -68,13 +68,16 @@ from dataclasses import dataclass, replace
 from . import context as CP
 from .comm import BYTES_PER_ELEMENT, NVLS_GAIN, NVLS_MIN_LOCAL, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
 from .flops import train_flops_per_token
-from .moe import Experts, active_params, all_to_all_s, params_per_gpu
+from .moe import Experts, active_params, params_per_gpu
+from .moe import a2a_layer as a2a_layer_of
 
 # Share of the dense peak the kernels reach when the layout gives no measured one (--efficiency,
 # --mfu-from): the ceiling per chip generation, calibrated on the published runs (module docstring).
-GEMM_CEILING = {"ampere": 0.68, "hopper": 0.60}
-GEMM_HIDDEN_HALF = 1200.0         # H0: hidden size at which the shape costs a factor 2
-GEMM_TOKENS_HALF = 100.0          # T0: tokens per micro-batch at which it costs a factor 2
+# Fitted by tools/calibrate_advisor.py on 53 published runs (data/reference/advisor-calibration.json): the
+# four constants below, nothing else. A tokens-per-micro-batch term (T0) and an fp8 kernel share were tried
+# and went: the fit put T0 near 0 and the share at 1 (they helped no held-out family).
+GEMM_CEILING = {"ampere": 0.756, "hopper": 0.558, "blackwell": 0.637}
+GEMM_HIDDEN_HALF = 1908.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
 DEFAULT_EFFICIENCY = 0.60         # the sliders' starting point, and where a chip's generation is unknown
 ACTIVATION_BYTES = 2              # bf16 activations on the wire (tp all-reduces, pp send/recv)
 TP_ALLREDUCES = {"none": 4, "selective": 4, "op_selective": 4, "full": 6}      # per layer per micro-batch
@@ -89,6 +92,34 @@ NVLINK_LATENCY_S, NIC_LATENCY_S = 5e-6, 10e-6
 MFU_CONVENTION = "6N + 12 L h s per token (embedding included, attention non-causal)"
 
 
+# FP8 training (Transformer Engine, torchao Float8, DeepSeek-V3): the linear layers' three GEMMs (forward,
+# input gradient, weight gradient) run in fp8; attention's batched matmuls, norms, activations and the
+# optimizer stay in bf16 / fp32. Each GEMM operand is quantised first, a memory-bound pass per element:
+# read bf16 (2 B), write fp8 (1 B) and its transposed copy for the backward (1 B); current scaling
+# (torchao's tensorwise and rowwise) reads the tensor once more for its amax (2 B); delayed scaling
+# (Transformer Engine's DelayedScaling) takes the amax from history, fused into the cast; blockwise
+# (DeepSeek-V3: 1x128 / 128x128) and MXFP8 (Blackwell: blocks of 32 with an 8-bit scale) write a scale per
+# block in the same pass.
+FP8_CAST_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 6.0, "blockwise": 4.0 + 4 / 128, "mxfp8": 4.0 + 1 / 32}
+CAST_BANDWIDTH_SHARE = 0.8        # of the HBM bandwidth a cast kernel streams at
+
+
+def fp8_gain(chip: str | None, fp8_peak: float | None, bf16_peak: float) -> float:
+    """How much faster the linear layers' GEMMs run in fp8 than in bf16: the peaks' ratio (2x on Hopper and
+    Blackwell). What keeps the end-to-end gain far below 2x (torchtitan's Float8 +28 %, Megatron-Bridge's
+    DeepSeek-V3 1.13-1.28x) is the rest of the step, which stays in bf16, and the casts (``FP8_CAST_BYTES``)."""
+    return fp8_peak / bf16_peak if fp8_peak else 1.0
+
+
+def fp8_cast_elements(hidden: int, ffn: int, swiglu: bool) -> float:
+    """Elements quantised per token and layer: the inputs of the forward GEMMs (qkv and output projection
+    h each, the MLP's h and ffn) and, backward, the output gradients feeding the input- and weight-gradient
+    GEMMs (about as many)."""
+    mlp_in = hidden + ffn
+    mlp_out = (2 if swiglu else 1) * ffn + hidden
+    return (2 * hidden + mlp_in) + (3 * hidden + hidden + mlp_out)
+
+
 def chip_generation(chip: str | None) -> str | None:
     """'A100-SXM' -> 'ampere', 'H100-SXM' / 'H200-SXM' / 'GH200' -> 'hopper'; None where not calibrated."""
     if not chip:
@@ -97,15 +128,19 @@ def chip_generation(chip: str | None) -> str | None:
         return "ampere"
     if chip.startswith(("H100", "H200", "GH200")):
         return "hopper"
+    if chip.startswith(("B200", "GB200", "B300", "GB300")):
+        return "blackwell"
     return None
 
 
-def gemm_efficiency(chip: str | None, hidden: int, tokens_per_microbatch: int) -> float:
-    """The share of the dense peak a Transformer layer's kernels reach (module docstring)."""
+def gemm_efficiency(chip: str | None, hidden: int, tokens_per_microbatch: int | None = None) -> float:
+    """The share of the dense peak a Transformer layer's kernels reach (module docstring): ``E_chip / (1 +
+    H0 / h)``, ``h`` the GEMMs' smaller dimension. ``tokens_per_microbatch`` is accepted and not used: a
+    tokens term did not survive calibration (docs/advisor-validation.md)."""
     ceiling = GEMM_CEILING.get(chip_generation(chip) or "", None)
     if ceiling is None:
         return DEFAULT_EFFICIENCY
-    return ceiling / ((1 + GEMM_HIDDEN_HALF / hidden) * (1 + GEMM_TOKENS_HALF / tokens_per_microbatch))
+    return ceiling / (1 + GEMM_HIDDEN_HALF / hidden)
 
 
 @dataclass(frozen=True)
@@ -122,6 +157,7 @@ class Layout:
     interleave: int = 1
     ep: int = 1                     # expert parallelism (MoE), carved out of dp
     cp: int = 1                     # context parallelism: the sequence split over cp GPUs (``models.context``)
+    etp: int | None = None          # expert tensor parallelism (MoE); None: tp, Megatron's default
 
 
 @dataclass(frozen=True)
@@ -153,10 +189,25 @@ class Model:
     vocab: int = 0
     ffn_hidden: int | None = None
     causal_flash: bool = False        # a causal flash kernel executes half of attention's FLOPs
-    matmul_speedup: float = 1.0       # fp8 GEMMs: the chip's fp8 peak over its bf16 peak (attention stays bf16)
+    matmul_speedup: float = 1.0       # fp8 GEMMs: how much faster than bf16 (``fp8_gain``; attention stays bf16)
+    fp8_recipe: str | None = None     # fp8 scaling recipe (``FP8_CAST_BYTES``); None: bf16
+    swiglu: bool = False              # the MLP's three matrices (gate, up, down)
     experts: Experts | None = None    # mixture-of-experts (``preflight.models.moe``); None: dense
     heads: int | None = None          # attention heads (context parallelism's K/V bytes); None: h / 128
     kv_heads: int | None = None       # key/value heads (grouped-query attention); None: heads
+    qk_head_dim: int | None = None    # query/key size per head (MLA: 192); None: h / heads
+    v_head_dim: int | None = None     # value size per head (MLA: 128); None: h / heads
+    a2a_overlap: bool = False         # MoE all-to-alls overlapped with another micro-batch's compute (DualPipe)
+    dispatch_fp8: bool = False        # MoE dispatch in fp8 (``moe.FP8_DISPATCH_BYTES``)
+    node_limit: int | None = None     # node-limited routing: NVLink domains a token's experts may span
+
+    @property
+    def attention_width(self) -> float:
+        """``heads (d_qk + d_v)``: attention's two batched matmuls per token and key, ``2 h`` for plain
+        multi-head attention, 2.9x that for DeepSeek-V3's latent attention (128 x (192 + 128) over 2 x 7168)."""
+        heads = self.heads or max(1, self.hidden // 128)
+        d = self.hidden / heads
+        return heads * ((self.qk_head_dim or d) + (self.v_head_dim or d))
 
     @property
     def active(self) -> float:
@@ -174,6 +225,12 @@ class Cluster:
     nics_per_node: int
     chip: str | None = None
     in_network: str = "none"        # comm.IN_NETWORK: NVLink SHARP in a node, InfiniBand SHARP across nodes
+    nvlink_domain: int | None = None  # GPUs on one NVLink fabric (NVL72: 72); None: a node
+    memory_GBps: float | None = None  # HBM bandwidth (fp8's casts stream at it); None: casts not timed
+
+    @property
+    def domain(self) -> int:
+        return self.nvlink_domain or self.gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -185,7 +242,8 @@ class StepTime:
     tp_comm_s: float                # tensor-parallel communication, all of it
     tp_exposed_s: float
     pp_comm_s: float
-    a2a_s: float                    # MoE all-to-alls (dispatch, combine; forward and backward), blocking
+    a2a_s: float                    # MoE all-to-alls (dispatch, combine; forward and backward), the exposed part
+    a2a_comm_s: float               # MoE all-to-alls, all of them
     cp_comm_s: float                # context parallelism's key/value ring, all of it
     cp_exposed_s: float             # the part of it attention does not hide
     dp_comm_s: float                # the data-parallel traffic's time
@@ -207,7 +265,7 @@ def layer_flops(m: Model, tokens: float, recompute: str) -> tuple[float, float]:
     """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute),
     in bf16-equivalent FLOPs (fp8 matmuls count 1 / ``matmul_speedup``)."""
     n_layer = max(0.0, m.active - 2.0 * m.vocab * m.hidden) / m.layers / m.matmul_speedup   # bf16-equivalent
-    attn = 4.0 * m.hidden * m.seq_len * (0.5 if m.causal_flash else 1.0)       # forward, per token
+    attn = 2.0 * m.attention_width * m.seq_len * (0.5 if m.causal_flash else 1.0)  # forward, per token (4 h s for MHA)
     fwd = (2.0 * n_layer + attn) * tokens
     again = {"none": 0.0, "selective": attn * tokens, "op_selective": n_layer * tokens,
              "full": fwd}[recompute]
@@ -227,7 +285,7 @@ def recompute_factor(recompute: str, params: float, layers: int, hidden: int, se
 def neighbour_link(cluster: Cluster, span: int) -> tuple[float, float]:
     """(GB/s, latency) between neighbours ``span`` ranks apart in rank order: NVLink inside a node, else the
     GPU's share of the node's NICs."""
-    if span <= cluster.gpus_per_node:
+    if span <= cluster.domain:
         return cluster.intra_node_GBps, NVLINK_LATENCY_S
     return gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node), NIC_LATENCY_S
 
@@ -239,10 +297,14 @@ def _ring(buffer: float, ranks: int, bw_GBps: float, alpha: float) -> float:
     return (ranks - 1) / ranks * buffer / (bw_GBps * 1e9) + (ranks - 1) * alpha
 
 
+def expert_tp(lay: Layout) -> int:
+    return lay.etp or lay.tp
+
+
 def expert_dp(lay: Layout) -> int:
     """Ranks that hold the same routed experts, over which their gradients reduce (Megatron's expert-data-
-    parallel group): ``tp x dp x cp / ep`` (experts are not split by tp here: ``moe.params_per_gpu``)."""
-    return max(1, lay.tp * lay.dp * lay.cp // lay.ep)
+    parallel group): ``tp x dp x cp / (ep x etp)``; with Megatron's default ``etp = tp``, ``dp x cp / ep``."""
+    return max(1, lay.tp * lay.dp * lay.cp // (lay.ep * expert_tp(lay)))
 
 
 def _dp_link(cluster: Cluster, ranks: int, stride: int, pp: int):
@@ -288,8 +350,9 @@ def red_bytes(zero_stage: int, groups, grad_dtype: str) -> float:
 
 def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float | None = None,
               grad_dtype: str = "bf16", serial_s: float = 0.0, overlap: Overlap = Overlap(),
-              framework: str = "fsdp2") -> StepTime:
+              framework: str = "fsdp2", shard_gpus: int | None = None) -> StepTime:
     """The step of one GPU under ``lay`` (the module's formula). ``efficiency`` None: :func:`gemm_efficiency`.
+    ``shard_gpus``: HSDP, ZeRO-3 / FSDP sharding inside that many GPUs (a node), replicated across them.
     ValueError on a bad efficiency."""
     tp, pp, dp, m, b, v = lay.tp, lay.pp, lay.dp, lay.microbatches, lay.micro_batch_size, lay.interleave
     cp = lay.cp
@@ -301,6 +364,20 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     rate = cluster.peak_tflops * 1e12 * eff
     fwd, bwd = layer_flops(model, tokens_mb, lay.activation_recompute)
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
+    if model.experts is not None and efficiency is None:       # routed experts' GEMMs at their own shapes
+        e = model.experts
+        per_expert = tokens_mb * e.top_k * lay.ep / e.experts   # tokens each local expert receives
+        eff_e = gemm_efficiency(cluster.chip, min(h, e.expert_ffn), max(1.0, per_expert))
+        e_fwd = 2.0 * e.top_k * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb / model.matmul_speedup
+        extra = e_fwd / tp / (cluster.peak_tflops * 1e12) * (1 / eff_e - 1 / eff)
+        again = 1.0 if lay.activation_recompute in ("full", "op_selective") else 0.0
+        t_fwd, t_bwd = t_fwd + extra, t_bwd + (2.0 + again) * extra
+    if model.fp8_recipe and cluster.memory_GBps:               # fp8's quantisation passes, memory-bound
+        e = model.experts
+        ffn = (e.top_k + e.shared) * e.expert_ffn if e is not None else (model.ffn_hidden or 4 * h)
+        cast = (tokens_mb * fp8_cast_elements(h, ffn, model.swiglu)
+                * FP8_CAST_BYTES[model.fp8_recipe] / tp / (cluster.memory_GBps * 1e9 * CAST_BANDWIDTH_SHARE))
+        t_fwd, t_bwd = t_fwd + cast * 0.4, t_bwd + cast * 0.6     # forward inputs, backward gradients
     out_layer = 6.0 * model.vocab * h * tokens_mb / tp / rate  # the output layer, on the last stage
     layers_stage = model.layers / pp
 
@@ -315,37 +392,50 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
 
     # data parallelism: the weights' replicas are dp x cp ranks (CP ranks hold the same weights); the
     # rail-aware bandwidth and per-hop latency of that group. Routed experts reduce over their own
-    # expert-data-parallel group instead (Megatron's expert_data_parallel group): tp x dp x cp / ep ranks,
-    # ep x tp apart in rank order (experts are not split by tp here: ``moe.params_per_gpu``).
+    # expert-data-parallel group instead (Megatron's expert_data_parallel group): tp x dp x cp / (ep x etp)
+    # ranks, ep x etp apart in rank order.
     dp = dp * cp
-    dense, routed = params_per_gpu(model.params, h, model.experts, tp, pp, lay.ep)
+    etp = expert_tp(lay)
+    dense, routed = params_per_gpu(model.params, h, model.experts, tp, pp, lay.ep, etp)
     edp = expert_dp(lay) if model.experts is not None else 1
-    groups = [(dense, dp, tp)] + ([(routed, edp, tp * lay.ep)] if routed > 0 else [])
+    groups = [(dense, dp, tp)] + ([(routed, edp, etp * lay.ep)] if routed > 0 else [])
     links = {(ranks, stride): _dp_link(cluster, ranks, stride, pp) for _, ranks, stride in groups if ranks > 1}
     per_rank = dense + routed
     g_bytes, w_bytes = per_rank * BYTES_PER_ELEMENT[grad_dtype], per_rank * 2.0
-    z3_layer = 0.0
-    if dp > 1 and lay.zero_stage >= 3:                          # per layer, per micro-batch, over every replica
-        link = links[(dp, tp)][0]
-        n_ag, n_rs = ((math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][0]),
-                       math.ceil(per_rank / model.layers / ZERO3_BUCKETS[framework][1]))
+    # ZeRO-3 / FSDP: one layer's share of this stage's weights (the stage holds layers / pp of them)
+    shard = min(dp, max(1, shard_gpus // tp)) if shard_gpus else dp          # HSDP: inside a node
+    z3_layer = ag = rs = 0.0
+    if dp > 1 and lay.zero_stage >= 3:
+        link = _dp_link(cluster, shard, tp, pp)[0] if shard > 1 else None
+        layer_w, layer_g = w_bytes / layers_stage, g_bytes / layers_stage
+        n_ag, n_rs = ((math.ceil(per_rank / layers_stage / ZERO3_BUCKETS[framework][0]),
+                       math.ceil(per_rank / layers_stage / ZERO3_BUCKETS[framework][1]))
                       if framework in ZERO3_BUCKETS else (1, 1))
-        ag = _ring(w_bytes / model.layers, dp, link.busbw_GBps, 0.0) + n_ag * (dp - 1) * ZERO3_HOP_LATENCY_S
-        rs = _ring(g_bytes / model.layers, dp, link.busbw_GBps, 0.0) + n_rs * (dp - 1) * ZERO3_HOP_LATENCY_S
+        if link is not None:
+            ag = _ring(layer_w, shard, link.busbw_GBps, 0.0) + n_ag * (shard - 1) * ZERO3_HOP_LATENCY_S
+            rs = _ring(layer_g, shard, link.busbw_GBps, 0.0) + n_rs * (shard - 1) * ZERO3_HOP_LATENCY_S
         if overlap.param_gather:
             z3_layer = max(0.0, ag - t_fwd) + max(0.0, ag + rs - t_bwd)
         else:
             z3_layer = ag + ag + (max(0.0, rs - t_bwd) if overlap.grad_reduce else rs)
-    a2a_layer = 0.0                                              # per MoE layer and micro-batch
+    # torchtitan under pipelining keeps a stage's weights gathered (reshard_after_forward=False) and
+    # reduce-scatters once, on the last micro-batch (torch.distributed.pipelining's backward_maybe_with_nosync)
+    pp_fsdp = lay.zero_stage >= 3 and pp > 1 and framework == "fsdp2"
+    per_slot_z3 = 0.0 if pp_fsdp else z3_layer
+    a2a_layer = a2a_exposed_layer = 0.0                          # per MoE layer and micro-batch
     if model.experts is not None and lay.ep > 1:
-        inside = lay.ep * tp <= cluster.gpus_per_node
-        bw = (cluster.intra_node_GBps if inside else
-              gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node))
-        a2a_layer = 4 * all_to_all_s(tokens_mb, h, model.experts.top_k, lay.ep, bw,
-                                     NVLINK_LATENCY_S if inside else NIC_LATENCY_S)
+        nic = gbps_to_GBps(cluster.inter_node_Gbps) * min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
+        x = a2a_layer_of(tokens_mb, h, model.experts.top_k, lay.ep, ep_per_domain=max(1, min(lay.ep, cluster.domain // etp)),
+                         nic_GBps=nic, nvlink_GBps=cluster.intra_node_GBps, nic_latency_s=NIC_LATENCY_S,
+                         nvlink_latency_s=NVLINK_LATENCY_S, fp8_dispatch=model.dispatch_fp8, node_limit=model.node_limit,
+                         full_recompute=lay.activation_recompute == "full")
+        a2a_layer = x.seconds
+        # DualPipe / Megatron's overlap_moe_expert_parallel_comm: one micro-batch's all-to-alls run under
+        # another's attention and MLP compute; only what exceeds that compute shows
+        a2a_exposed_layer = max(0.0, a2a_layer - (t_fwd + t_bwd)) if model.a2a_overlap else a2a_layer
     moe_stage = (model.experts.moe_layers / pp) if model.experts is not None else 0.0
-    t_stage = (layers_stage * (t_fwd + t_bwd + tp_exposed_layer + z3_layer + cp_x.ring_exposed_s)
-               + moe_stage * a2a_layer + out_layer)
+    t_stage = (layers_stage * (t_fwd + t_bwd + tp_exposed_layer + per_slot_z3 + cp_x.ring_exposed_s)
+               + moe_stage * a2a_exposed_layer + out_layer)
     compute = m * (layers_stage * (t_fwd + t_bwd) + out_layer)
     pipe = (m + (pp - 1) / v) * t_stage if pp > 1 else m * t_stage
 
@@ -360,9 +450,14 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     dp_time = dp_exposed = dp_bytes = 0.0
     last_bwd = layers_stage * t_bwd                              # the last micro-batch's backward
     first_fwd = layers_stage * t_fwd
-    if lay.zero_stage >= 3 and dp > 1:
-        dp_time = m * model.layers / pp * (2 * ag + rs)
-        dp_bytes = m * (dp - 1) / dp * (2 * w_bytes + g_bytes)
+    if lay.zero_stage >= 3 and dp > 1 and pp_fsdp:
+        dp_time = layers_stage * (ag + rs)                       # once per step, not per micro-batch
+        dp_bytes = (shard - 1) / shard * (w_bytes + g_bytes)
+        dp_exposed = ((max(0.0, layers_stage * ag - first_fwd) if overlap.param_gather else layers_stage * ag)
+                      + (max(0.0, layers_stage * rs - last_bwd) if overlap.grad_reduce else layers_stage * rs))
+    elif lay.zero_stage >= 3 and dp > 1:
+        dp_time = m * layers_stage * (2 * ag + rs)
+        dp_bytes = m * (shard - 1) / shard * (2 * w_bytes + g_bytes)
         dp_exposed = (m + (pp - 1) / v if pp > 1 else m) * layers_stage * z3_layer
         pipe -= dp_exposed                                       # counted once, as data-parallel time
     elif dp > 1:
@@ -380,9 +475,16 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         # gathers inside optimizer.step(), before the next forward can start
         hid_ag = max(0.0, gat - first_fwd) if overlap.param_gather and framework != "deepspeed" else gat
         dp_exposed = rs_n * hid_rs + hid_ag
+    if lay.zero_stage >= 3 and dp > shard:                       # HSDP: the shards' gradients across the replicas
+        rep = dp // shard
+        ar_link = _dp_link(cluster, rep, tp * shard, pp)[0]
+        ar = 2 * (rep - 1) / rep * (g_bytes / shard) / (ar_link.busbw_GBps * 1e9) + 2 * (rep - 1) * ar_link.latency_s
+        dp_time += ar
+        dp_bytes += 2 * (rep - 1) / rep * g_bytes / shard
+        dp_exposed += max(0.0, ar - last_bwd) if overlap.grad_reduce else ar
     step = serial_s + pipe + pp_comm + dp_exposed
     tp_exposed, cp_exposed, a2a = (m * layers_stage * tp_exposed_layer, m * layers_stage * cp_x.ring_exposed_s,
-                                   m * moe_stage * a2a_layer)
+                                   m * moe_stage * a2a_exposed_layer)
     bubble_s = max(0.0, pipe - compute - tp_exposed - cp_exposed - a2a)       # (p-1)/v slots of the slowest stage
     tokens = m * b * s                                           # one replica's tokens (cp GPUs share each sequence)
     model_flops = train_flops_per_token(model.active, model.layers, h, s) * tokens / (tp * pp * cp)
@@ -391,7 +493,8 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     tp_all = m * layers_stage * tp_layer
     return StepTime(compute_s=compute, efficiency=eff, bubble=(pp - 1) / (v * m) if pp > 1 else 0.0,
                     bubble_s=bubble_s, tp_comm_s=tp_all, tp_exposed_s=tp_exposed, pp_comm_s=pp_comm,
-                    a2a_s=a2a, cp_comm_s=m * layers_stage * cp_x.comm_s, cp_exposed_s=cp_exposed,
+                    a2a_s=a2a, a2a_comm_s=m * moe_stage * a2a_layer,
+                    cp_comm_s=m * layers_stage * cp_x.comm_s, cp_exposed_s=cp_exposed,
                     dp_comm_s=dp_time, dp_exposed_s=dp_exposed, dp_bytes=dp_bytes, dp_ranks=dp, edp_ranks=edp,
                     serial_s=serial_s, step_s=step,
                     tokens_per_s_per_gpu=tokens / step / (tp * pp * cp), mfu=model_flops / step / peak,
