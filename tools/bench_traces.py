@@ -12,6 +12,16 @@ trace and a many-rank job take on this machine.
 
 Prints one JSON record (method ``trace_reader_bench``, with the machine, versions and date) and writes
 it to ``--out`` if given. The README quotes its figures.
+
+``--decoders``: instead, the JSON decoders a reader could stand on, on one trace of ``--events``
+events: Python's ``json.loads`` of the whole file (the baseline), ``orjson.loads`` and
+``msgspec.json.decode`` of the whole file (each when installed), and the reader itself
+(``read_trace``) on the standard library's decoder with its filtering hook (what it uses), and on
+``msgspec`` decoding each event into a small record with ``ts``, ``dur`` and ``args`` left as raw
+JSON slices, decoded only for the events the reader keeps (``_MSGSPEC_READER`` below: the candidate,
+kept here, not in the library, until it wins). Each in a fresh process, ``--repeats`` times,
+interleaved (the box is shared): the median wall time of the decode, and the process's peak resident
+memory above the file's decompressed bytes.
 """
 from __future__ import annotations
 
@@ -108,12 +118,108 @@ def run_traces(folder: Path, cache: Path) -> dict:
     return {"wall_s": round(wall, 2), "peak_rss_MB": round(peak[0] / 1024, 1), "ranks": len(json.loads(r.stdout)["ranks"])}
 
 
+_DECODE = """
+import gzip, json, resource, sys, time
+sys.path.insert(0, sys.argv[3])
+which, path = sys.argv[1], sys.argv[2]
+raw = gzip.decompress(open(path, "rb").read())
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+if which == "json.loads":
+    x = json.loads(raw.decode())
+elif which == "orjson.loads":
+    import orjson
+    x = orjson.loads(raw)
+elif which == "msgspec.json.decode":
+    import msgspec
+    x = msgspec.json.decode(raw)
+else:
+    from preflight.diagnose import trace_file
+    if which == "reader (msgspec, raw slices)":
+        exec(sys.argv[4], {"trace_file": trace_file})
+    x = trace_file.read_trace(path, raw)
+wall = time.perf_counter() - t0
+print(json.dumps({"wall_s": wall, "peak_above_bytes_MB": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}))
+"""
+
+
+_MSGSPEC_READER = """
+import gzip
+from typing import Any
+import msgspec
+U = msgspec.UNSET
+
+class Ev(msgspec.Struct, gc=False):
+    ph: Any = U
+    cat: Any = U
+    name: Any = U
+    pid: Any = U
+    tid: Any = U
+    ts: msgspec.Raw | msgspec.UnsetType = U
+    dur: msgspec.Raw | msgspec.UnsetType = U
+    args: msgspec.Raw | msgspec.UnsetType = U
+
+class Top(msgspec.Struct):
+    traceEvents: list[Ev]
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+
+def load_json(path, raw=None):
+    raw = gzip.decompress(raw) if raw[:2] == b"\\x1f\\x8b" else raw
+    top = msgspec.json.Decoder(Top, float_hook=trace_file._num).decode(raw)
+    value = msgspec.json.Decoder(float_hook=trace_file._num).decode
+    evs = []
+    for e in top.traceEvents:
+        if e.ph != "X" or trace_file._kind(e.cat, e.name) is None:
+            evs.append(None if e.ph is not U else {})
+            continue
+        d = {k: getattr(e, k) for k in ("ph", "cat", "name", "pid", "tid") if getattr(e, k) is not U}
+        d |= {k: value(getattr(e, k)) for k in ("ts", "dur", "args") if getattr(e, k) is not U}
+        evs.append(trace_file._hook(d))
+    return {"traceEvents": evs, "distributedInfo": top.distributedInfo, "deviceProperties": top.deviceProperties}
+
+trace_file.load_json = load_json
+"""
+
+
+def decoders(events: int, repeats: int, tmp: Path) -> dict:
+    """The decoders side by side (see the module's docstring)."""
+    import importlib.util
+    import statistics
+
+    path = tmp / "rank0.pt.trace.json.gz"
+    write_trace(path, events, 0, 1)
+    names = ["json.loads", "orjson.loads", "msgspec.json.decode", "reader (json + filtering hook)",
+             "reader (msgspec, raw slices)"]
+    have = {n: importlib.util.find_spec(n.split(".")[0].split(" ")[0]) is not None for n in names[:3]}
+    have |= {names[3]: True, names[4]: importlib.util.find_spec("msgspec") is not None}
+    runs: dict[str, list] = {n: [] for n in names if have[n]}
+    for _ in range(repeats):
+        for n in runs:
+            r = subprocess.run([sys.executable, "-c", _DECODE, n, str(path), str(REPO / "lib"), _MSGSPEC_READER],
+                               capture_output=True, text=True, check=True)
+            runs[n].append(json.loads(r.stdout))
+    base = statistics.median(x["wall_s"] for x in runs["json.loads"])
+    out = {"events": events, "repeats": repeats, "not_installed": [n for n in names if not have[n]], "results": {}}
+    for n, xs in runs.items():
+        wall = statistics.median(x["wall_s"] for x in xs)
+        out["results"][n] = {"wall_s_median": round(wall, 3), "wall_s_all": [round(x["wall_s"], 3) for x in xs],
+                             "peak_above_bytes_MB": round(max(x["peak_above_bytes_MB"] for x in xs), 1),
+                             "time_vs_json_loads": round(wall / base, 2)}
+    mem = out["results"]["json.loads"]["peak_above_bytes_MB"]
+    for v in out["results"].values():
+        v["memory_vs_json_loads"] = round(v["peak_above_bytes_MB"] / mem, 2) if mem else None
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--rank-events", type=int, default=50_000)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--decoders", action="store_true", help="measure the JSON decoders instead (see above)")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "lib"))
     from preflight.core.device import cpu_info, versions
@@ -121,6 +227,16 @@ def main() -> int:
     rec = {"method": "trace_reader_bench", "method_version": 1,
            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "machine": cpu_info().as_dict(),
            "cores": os.cpu_count(), "python": platform.python_version(), "versions": versions()}
+    if args.decoders:
+        rec["method"] = "trace_decoder_bench"
+        with tempfile.TemporaryDirectory() as tmp:
+            rec["decoders"] = decoders(args.events, args.repeats, Path(tmp))
+        text = json.dumps(rec, indent=1)
+        print(text)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "trace_decoder_bench.json").write_text(text)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         big = tmp / "big"
