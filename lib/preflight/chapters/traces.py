@@ -44,7 +44,21 @@ def audit_traces(folder, gpu_key: str | None = None, jobs: int | None = None) ->
     Each rank's view (``result["ranks"][r]``) carries the measured step terms a plan is set beside, in
     ``step_terms`` (ms per step: compute, exposed communication per collective type, collective wait,
     host-bound / launch-bound / queued idle, data wait, pipeline idle)."""
-    return analyze(read_job(folder, jobs=jobs), gpu_key)
+    return analyze(read_any_job(folder, jobs), gpu_key)
+
+
+def read_any_job(folder, jobs: int | None = None) -> dict:
+    """The job in ``folder``: Nsight Systems exports (``*.sqlite``) through their own reader
+    (``preflight.diagnose.nsys_job``), else torch.profiler traces (``trace_job.read_job``). The choice is made
+    here, above both readers, so neither imports the other."""
+    from pathlib import Path
+
+    from preflight.diagnose import nsys_job
+
+    p = Path(folder)
+    if p.is_dir() and nsys_job.has_exports(p):
+        return nsys_job.read_job(p)
+    return read_job(folder, jobs=jobs)
 
 
 def _per_rank(a: dict, key: str) -> dict:

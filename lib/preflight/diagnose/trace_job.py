@@ -137,10 +137,6 @@ def read_job(folder: str | Path, jobs: int | None = None, use_cache: bool = True
         raise TraceError(f"{folder}: is a file: pass its folder ({folder.parent}); every rank's trace is read from it")
     if not folder.is_dir():
         raise TraceError(f"{folder}: no such folder (the traces folder: torch.profiler's output, one file per rank)")
-    # Nsight Systems exports (*.sqlite): their own reader (preflight.diagnose.nsys_job)
-    from preflight.diagnose import nsys_job
-    if nsys_job.has_exports(folder):
-        return nsys_job.read_job(folder, use_cache)
     files = find_traces(folder)
     summaries = sorted(p for p in folder.rglob(f"*{SUMMARY_SUFFIX}") if p.is_file())
     if not files and not summaries:
