@@ -122,7 +122,8 @@ def test_plan_only_audit(tmp_path):
     assert 55e9 < f["communication/allreduce_bytes_per_rank"]["value"] < 57e9
     assert "2.26 s" in f["communication/allreduce_bytes_per_rank"]["message"]
     assert f["communication/allreduce_s"]["value"] == pytest.approx(f["baseline/step_model"]["terms"]["dp_comm_s"])
-    assert f["communication/exposed_comm_share"]["verdict"] == "fail"
+    assert f["communication/exposed_comm_share"]["verdict"] in ("warn", "fail")
+    assert 0.2 < f["communication/exposed_comm_share"]["value"] < 0.35
     assert f["communication/measured_busbw"]["value"] is None
     # chapter 4: padding of the profile's lognormal lengths, no pipeline in the example (pp=1)
     assert CH4_IDS <= set(f)

@@ -32,7 +32,8 @@ def test_plan_findings_of_the_field_case():
     # the ratio is recorded; what the step model leaves exposed is judged (0.238 s of a 0.734 s step)
     assert f["communication/comm_compute_ratio"].verdict == "info"
     share = f["communication/exposed_comm_share"]
-    assert share.verdict == "fail" and share.value == pytest.approx(p["dp_exposed_s"] / p["step_s"])
+    assert share.verdict in ("warn", "fail") and share.value == pytest.approx(p["dp_exposed_s"] / p["step_s"])
+    assert 0.2 < share.value < 0.35           # DDP's buckets leave about a quarter of the step exposed
     # the bounds are for reference: chapter 1 judges the model's estimate between them, once
     assert f["communication/efficiency_no_overlap"].verdict == "info" and f["communication/efficiency_no_overlap"].value < 0.8
     assert f["communication/efficiency_full_overlap"].verdict == "info"

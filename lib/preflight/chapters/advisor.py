@@ -305,11 +305,16 @@ def not_modelled(profile: Profile) -> list[str]:
                    "attention; Llama 3's all-gather variant is shown in chapter 3, DeepSpeed-Ulysses (all-to-all over "
                    f"heads) is not modelled; cp is searched while s / cp >= {CP_MIN_TOKENS} tokens")
     if profile.model.experts:
-        out.append("mixture-of-experts: all-to-alls counted blocking (DualPipe-style overlap not modelled), routing "
-                   "balanced on average (the busiest expert's extra load is chapter 4's)")
+        t_ = profile.training
+        out.append("mixture-of-experts: all-to-alls " + ("overlapped with another micro-batch's compute (training."
+                   "moe_a2a_overlap)" if t_.moe_a2a_overlap else "counted blocking (set training.moe_a2a_overlap for "
+                   "DualPipe / --overlap-moe-expert-parallel-comm)") + "; routing balanced on average (the busiest "
+                   "expert's extra load is chapter 4's); MoE activation memory by Megatron's recompute modules not "
+                   "modelled")
     if t.fp8:
-        out.append("fp8: the GEMMs at the FP8 peak with the same efficiency; the scaling recipes' casts and "
-                   "amax reductions are not counted (not calibrated on a published fp8 run)")
+        out.append(f"fp8 ({t.fp8_recipe}): the linear layers' GEMMs at the FP8 peak, attention and the rest of the step "
+                   "in bf16, each GEMM operand's cast a memory-bound pass (fitted on Megatron-Bridge's fp8 and MXFP8 "
+                   "rows; torchtitan's fp8 rows, held out, read 1.4-2x too fast)")
     if t.scaling == "strong":
         out.append("strong scaling: the advisor ranks layouts at the profile's global batch")
     return out
