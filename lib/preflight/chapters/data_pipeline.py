@@ -86,7 +86,9 @@ def break_points(storage: dict, prep: dict, assembly: dict, consume: dict, h2d: 
 
 HEADROOM_WORDS = judge(None, warn=M.HEADROOM_RULE, fail=M.HEADROOM_FAIL, fmt="{:g}x")[1]
 IDLE_WORDS = judge(None, warn=IDLE_WARN, fail=IDLE_FAIL, higher_is_better=False, fmt="{:.0%}")[1]
-FIX_LOADER = (f"Use DataLoader workers (~{M.WORKER_SHARE[0]:.0%}-{M.WORKER_SHARE[1]:.0%} of the cores), "
+FIX_LOADER = (f"Use DataLoader workers per rank of ~{M.WORKER_SHARE[0]:.0%}-{M.WORKER_SHARE[1]:.0%} of the node's "
+              "cores divided by its local ranks (8 ranks on a 64-core node: 5-6 workers each, not 45-51: every rank "
+              "starts its own), "
               f"prefetch_factor {M.PREFETCH_ADVICE[0]}-{M.PREFETCH_ADVICE[1]}, pinned memory and non_blocking "
               "copies; keep every stage at >= 1.2x the device's rate.")
 

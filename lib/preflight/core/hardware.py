@@ -102,6 +102,18 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
     Chip("GB200", 2500.0, 2500.0, 80.0, 1250.0, 8000.0, 186.0, 1800.0,
          f"NVIDIA Blackwell datasheet, GB200 NVL72 per GPU: BF16/FP16 5 PFLOPS*, TF32 2.5 PFLOPS*, FP32 80, "
          f"186 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s ({_BLACKWELL})", fp8_tflops=5000.0),
+    # Blackwell Ultra: the FP8 / BF16 tensor rates of B200 / GB200 with 288 GB of HBM3E (the gain is in FP4);
+    # NVIDIA lists them with sparsity (DGX B300: 72 PF FP8 for 8 GPUs; GB300 NVL72: 720 PF FP8, 360 PF
+    # FP16/BF16 for 72 GPUs): halved here for the dense rates. Not checked against a datasheet PDF here.
+    Chip("B300", 2250.0, 2250.0, 75.0, 1100.0, 8000.0, 288.0, 1800.0,
+         "NVIDIA DGX B300 product page, per GPU: FP8 4.5 PFLOPS and BF16 2.25 PFLOPS dense (the listed sparse "
+         "figures halved), 288 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s (TF32 and FP32 as B200: not re-checked; "
+         "https://www.nvidia.com/en-us/data-center/dgx-b300/)",
+         fp8_tflops=4500.0),
+    Chip("GB300", 2500.0, 2500.0, 80.0, 1250.0, 8000.0, 288.0, 1800.0,
+         "NVIDIA GB300 NVL72 product page, per GPU (rack figures / 72, sparse halved): FP8 5 PFLOPS, FP16/BF16 "
+         "2.5 PFLOPS dense, 288 GB HBM3E, 8 TB/s, NVLink 1.8 TB/s in a 72-GPU NVLink domain (TF32 and FP32 as "
+         "GB200: not re-checked; https://www.nvidia.com/en-us/data-center/gb300-nvl72/)", fp8_tflops=5000.0),
     Chip("L40S", 362.05, 362.05, 91.6, 183.0, 864.0, 48.0, None,
          f"NVIDIA L40S product page: BF16/FP16 362.05 | 733*, 48 GB GDDR6, 864 GB/s, no NVLink ({_L40S}; "
          "TF32 183 and FP32 91.6 not re-checked)", fp8_tflops=733.0),
@@ -117,6 +129,7 @@ CHIPS: dict[str, Chip] = {c.name: c for c in [
 _NAME_PATTERNS = [
     (r"\bGH200\b.*(144G|HBM3e)", "GH200-144GB"),
     (r"\bGH200\b", "GH200"),
+    (r"\bGB300\b", "GB300"),
     (r"\bGB200\b", "GB200"),
     (r"\bH200\b.*NVL", "H200-NVL"),
     (r"\bH200\b", "H200-SXM"),
@@ -127,6 +140,7 @@ _NAME_PATTERNS = [
     (r"\bA100\b.*PCIe", "A100-PCIe"),
     (r"\bA100\b.*40GB", "A100-SXM-40GB"),
     (r"\bA100\b", "A100-SXM"),
+    (r"\bB300\b", "B300"),
     (r"\bB200\b", "B200"),
     (r"\bL40S\b", "L40S"),
     (r"\bMI300X\b", "MI300X"),
