@@ -120,3 +120,35 @@ def test_moe_parallel_folding_is_accepted():
                                                ep=32, etp=1)) == 1
     with pytest.raises(ProfileError, match="parallel folding"):
         parse_profile(base | {"training": {"tp": 2, "pp": 8, "ep": 32, "framework": "megatron", "zero_stage": 1}})
+
+
+def test_a_moe_layer_waits_for_its_busiest_expert_parallel_rank():
+    """Uniform routing at DeepSeek-V3's micro-batch (4,096 tokens, top-8, EP 64): 32,768 copies per rank on
+    average, the busiest 1 + sqrt(2 ln 64) / sqrt(32768) = 1.016x; a tiny micro-batch (32 tokens, EP 64)
+    waits 1.18x; a capacity factor of 1.1 caps the wait there and drops the rest."""
+    import math
+
+    big = moe.busiest_rank_load(4096, 64, 8)
+    assert big["load"] == pytest.approx(1 + math.sqrt(2 * math.log(64)) / math.sqrt(32768))
+    small = moe.busiest_rank_load(32, 64, 8)
+    assert small["load"] > 1.15 and small["dropped"] == 0.0
+    capped = moe.busiest_rank_load(32, 64, 8, capacity_factor=1.1)
+    assert capped["wait"] == 1.1 and capped["dropped"] == pytest.approx(1 - 1.1 / small["load"])
+    assert moe.busiest_rank_load(4096, 1, 8)["wait"] == 1.0
+
+
+def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan(capsys):
+    from conftest import REPO
+    from preflight.chapters import load_balance as C4
+    from preflight.core.findings import FindingSink
+    from preflight.core.profile import load_profile
+
+    p = load_profile(REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml")
+    sink = FindingSink()
+    C4.add_busiest_expert_finding(sink, p)
+    f = sink.findings[0]
+    assert f.id == "load_balance/busiest_expert" and f.verdict == "pass" and "s per step" in f.message
+    small = p.model_copy(update={"model": p.model.model_copy(update={"seq_len": 32})})
+    sink = FindingSink()
+    C4.add_busiest_expert_finding(sink, small)
+    assert sink.findings[0].verdict in ("warn", "fail")

@@ -79,6 +79,41 @@ def add_straggler_finding(sink: FindingSink, profile: Profile, gpu_key: str | No
              source=PROFILE_SOURCE)
 
 
+BUSIEST_WARN, BUSIEST_FAIL = 1.10, 1.25     # the busiest expert-parallel rank's wait over the mean
+
+
+def add_busiest_expert_finding(sink: FindingSink, profile: Profile, gpu_key: str | None = None) -> None:
+    """``load_balance/busiest_expert``: a MoE layer waits for its busiest expert-parallel rank
+    (``preflight.models.moe.busiest_rank_load``), with the capacity factor's cap and drops; its cost on the
+    plan's step model (the experts' share of compute, slowed by that factor)."""
+    from preflight.models import moe
+
+    m, t = profile.model, profile.training
+    e = m.expert_spec
+    if e is None or t.ep <= 1:
+        return
+    tokens = t.micro_batch_size * m.seq_len / t.cp
+    b = moe.busiest_rank_load(tokens, t.ep, e.top_k, t.moe_capacity_factor)
+    v, words = judge(b["wait"], warn=BUSIEST_WARN, fail=BUSIEST_FAIL, higher_is_better=False, fmt="{:.3g}x")
+    ps = S.plan_step(profile, gpu_key)
+    share = e.top_k * e.mlp_params(m.hidden) * e.moe_layers / max(1.0, m.active_params - 2 * m.vocab * m.hidden)
+    cost = "" if ps is None else (f" On the plan's step model the experts are about {share:.0%} of the compute "
+                                   f"({ps.terms['compute_s']:.3g} s): the wait costs about "
+                                   f"{(b['wait'] - 1) * share * ps.terms['compute_s']:.3g} s per step.")
+    cap = ("dropless (no capacity factor)" if t.moe_capacity_factor is None else
+           f"capacity factor {t.moe_capacity_factor:g}: the busiest rank drops {b['dropped']:.1%} of its tokens")
+    sink.add(id="load_balance/busiest_expert", value=b["wait"], unit="x", verdict=v,
+             threshold=f"the busiest expert-parallel rank's work over the mean: {words}",
+             message=(f"Each of the {t.ep} expert-parallel ranks receives {b['mean_tokens']:,.0f} token copies per layer "
+                      f"and micro-batch on average (b s / cp x top-{e.top_k}); with routing balanced on average the "
+                      f"busiest receives {b['load']:.3g}x that, and every rank waits for it ({cap}).{cost}"),
+             fix=("Nothing to fix here." if v == "pass" else
+                  "More tokens per rank (a larger micro-batch: the spread falls as 1/sqrt(tokens)), fewer "
+                  "expert-parallel ranks, or a capacity factor that drops the excess (a quality cost); a balancing "
+                  "loss or DeepSeek-V3's bias balances the mean, not this spread."),
+             source="preflight.models.moe.busiest_rank_load on the profile")
+
+
 def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | Path | None = None,
                       gpu_key: str | None = None) -> pd.DataFrame:
     """Padding waste and pipeline bubble of the plan; returns the padding table."""
@@ -145,6 +180,7 @@ def add_plan_findings(sink: FindingSink, profile: Profile, profile_path: str | P
              message=f"{plan}: bubble time over ideal compute time (p-1)/(v m) = {over:.1%}.",
              fix="More micro-batches or interleaving.", source=PROFILE_SOURCE)
     add_straggler_finding(sink, profile, gpu_key)
+    add_busiest_expert_finding(sink, profile, gpu_key)
     return table
 
 

@@ -224,6 +224,9 @@ class Training(_Strict):
     moe_node_limit: Annotated[int | None, Field(ge=1, le=100_000, description="nodes a token's experts may span "
                               "(node-limited routing: DeepSeek-V3 4; Megatron --moe-router-num-groups / "
                               "--moe-router-group-topk); empty: no limit")] = None
+    moe_capacity_factor: Annotated[float | None, Field(ge=1.0, le=100.0, description="expert capacity factor: "
+                                   "tokens beyond it per expert are dropped (GShard; Megatron "
+                                   "--moe-expert-capacity-factor); empty: dropless")] = None
     async_checkpoint: bool = Field(False, description="asynchronous checkpoint saves (Megatron --async-save, "
                                    "torchtitan / DCP async_save): the training stalls only for the blocking part "
                                    "(the copy to host memory)")

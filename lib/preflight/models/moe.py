@@ -26,6 +26,7 @@ overlaps the all-to-alls with compute (DualPipe): counted blocking here, an uppe
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MOE_DISPATCH_BYTES = 2             # 16-bit hidden states on the wire (DeepSeek-V3 dispatches in fp8: 1)
@@ -121,6 +122,25 @@ def all_to_all_s(tokens: int, hidden: int, top_k: int, ep: int, bw_GBps: float, 
     if ep <= 1:
         return 0.0
     return all_to_all_bytes(tokens, hidden, top_k, ep) / (bw_GBps * 1e9) + (ep - 1) * latency_s
+
+
+def busiest_rank_load(tokens_per_rank: float, ep: int, top_k: int, capacity_factor: float | None = None) -> dict:
+    """The busiest expert-parallel rank of one MoE layer, at the granularity a layer waits on.
+
+    Each of the ``ep`` ranks sends ``tokens_per_rank`` tokens, ``top_k`` copies each, spread uniformly over the
+    ranks' experts: a rank receives ``tokens_per_rank x top_k`` copies on average, binomially spread, and the
+    layer's all-to-all and expert GEMMs wait for the busiest, ``1 + sqrt(2 ln ep) / sqrt(mean)`` times the mean
+    (the normal approximation of the maximum of ``ep`` binomials; a balanced router balances the mean, not this
+    spread). A **capacity factor** ``c`` (GShard, Megatron's ``--moe-expert-capacity-factor``) caps each rank at
+    ``c`` times the mean and drops the rest: the wait is then ``min(load, c)``, and the busiest rank drops
+    ``1 - c / load`` of what it received. ``None``: dropless (Megatron's default, DeepSeek-V3)."""
+    if ep <= 1:
+        return {"load": 1.0, "wait": 1.0, "dropped": 0.0, "mean_tokens": tokens_per_rank * top_k}
+    mean = tokens_per_rank * top_k
+    load = 1.0 + math.sqrt(2 * math.log(ep)) / math.sqrt(mean) if mean > 0 else 1.0
+    wait = load if capacity_factor is None else min(load, capacity_factor)
+    dropped = 0.0 if capacity_factor is None or load <= capacity_factor else 1.0 - capacity_factor / load
+    return {"load": load, "wait": wait, "dropped": dropped, "mean_tokens": mean}
 
 
 def busiest_expert_load(tokens: int, experts: int, top_k: int) -> float:
