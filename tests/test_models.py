@@ -79,7 +79,7 @@ def test_stages_and_field_curve():
     row = curve.set_index("gpus")
     assert row.loc[1, "efficiency"] == 1.0
     # inside a node: 2*7/8*28e9 B / 450 GB/s = 0.109 s of comm
-    assert row.loc[8, "comm_s"] == pytest.approx(2 * 7 / 8 * 28e9 / 450e9 + 14 * 5e-6)
+    assert row.loc[8, "comm_s"] == pytest.approx(2 * 7 / 8 * 28e9 / 370e9 + 14 * 5e-6)
     # across nodes, one 25 GB/s NIC per GPU: NCCL's rings use all 8 NICs of a node (busbw 200 GB/s):
     # ~0.3 s; the field report's flat arithmetic (one NIC carries it all) > 2 s, under 30 % efficiency
     assert row.loc[1024, "comm_s"] == pytest.approx(2 * 1023 / 1024 * 28e9 / 200e9 + 2 * 1023 * 10e-6)

@@ -136,8 +136,9 @@ class Cluster(_Strict):
     queue_wait_s: Annotated[float, Field(ge=0, le=1e7, description="wait in the queue after each requeue (a "
                                          "failure, an allocation's end) on a shared cluster, s")] = 0.0
     intra_node_GBps: Annotated[float, Field(ge=1e-3, le=100_000, description="per-GPU NVLink-class bandwidth, GB/s, "
-                               "one direction: the line rate (H100: 450); rings reach ~80 % of it (~370 GB/s "
-                               "busbw on H100, NCCL maintainers, nccl-tests#212): enter your measured busbw")] = 450.0
+                               "one direction: the line rate (H100: 450); the model's rings reach 82 % of it (370 "
+                               "GB/s busbw on H100, NCCL maintainers, nccl-tests#212; comm.RING_NVLINK_SHARE) and "
+                               "NVLink SHARP 480")] = 450.0
     in_network: Literal["none", "nvls", "sharp", "nvls+sharp"] = Field(
         "none", description="in-network reduction of all-reduces: nvls = NVLink SHARP inside a node (~30 % more "
         "busbw on 8 GPUs), sharp = InfiniBand SHARP across nodes (the buffer crosses each NIC once)")

@@ -52,6 +52,10 @@ BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 #   once instead of 2 (D-1)/D times (nccl-tests' PERFORMANCE.md: busbw then no longer measures the wire).
 IN_NETWORK = ("none", "nvls", "sharp", "nvls+sharp")
 NVLS_GAIN, NVLS_MIN_LOCAL = 480.0 / 370.0, 5
+# A ring all-reduce inside an NVLink domain reaches ~82 % of the line rate as bus bandwidth: ~370 GB/s of
+# H100's 450 (S. Jeaugey, NVIDIA/nccl-tests#212). ``intra_node_GBps`` is the line rate; the rings get this
+# share of it, NVLS its gain on top (480 GB/s measured, not 450 x 1.3 = 584).
+RING_NVLINK_SHARE = 370.0 / 450.0
 
 
 def gbps_to_GBps(gbit_per_s: float) -> float:
@@ -146,27 +150,30 @@ def allreduce_link(placement: Placement, *, intra_node_GBps: float, inter_node_G
                    gpus_per_node: int, nics_per_node: int | None = None) -> Link:
     """THE one rule for the bus bandwidth of a ring all-reduce (plan, sweep check, widget).
 
-    Inside one node: NVLink-class ``intra_node_GBps``. Across nodes, ``inter_node_Gbps`` per NIC: the
-    group's rings use ``min(k, nics_per_node * k / gpus_per_node)`` NICs per node (its ``k`` ranks, each
-    on its own rail, or its share of fewer NICs when groups share them), bounded by NVLink::
+    Inside one node: ``RING_NVLINK_SHARE`` of the NVLink line rate ``intra_node_GBps`` (370 of H100's 450).
+    Across nodes, ``inter_node_Gbps`` per NIC: the group's rings use ``min(k, nics_per_node * k /
+    gpus_per_node)`` NICs per node (its ``k`` ranks, each on its own rail, or its share of fewer NICs when
+    groups share them), bounded by NVLink's ring rate::
 
-        busbw = min(B_nvlink, nics_per_group * B_nic)
+        busbw = min(0.82 B_nvlink, nics_per_group * B_nic)
 
     ``nics_per_node`` defaults to ``gpus_per_node`` (rail-optimised); 1 = one NIC per node.
     """
     nics = gpus_per_node if nics_per_node is None else nics_per_node
     k = placement.ranks_per_node
+    ring = intra_node_GBps * RING_NVLINK_SHARE
     if placement.nodes <= 1:
-        return Link("intra-node", intra_node_GBps, INTRA_NODE_LATENCY_S, 0.0,
-                    f"fits inside one node: NVLink-class {intra_node_GBps:g} GB/s")
+        return Link("intra-node", ring, INTRA_NODE_LATENCY_S, 0.0,
+                    f"fits inside one node: NVLink rings at {ring:.3g} GB/s busbw ({RING_NVLINK_SHARE:.0%} of the "
+                    f"{intra_node_GBps:g} GB/s line rate)")
     nic = gbps_to_GBps(inter_node_Gbps)
     used = min(float(k), nics * k / gpus_per_node)
-    bw = min(intra_node_GBps, used * nic)
+    bw = min(ring, used * nic)
     share = (f"{k} rank{'s' * (k > 1)} per node on {used:g} NIC{'s' * (used != 1)}" if used >= 1 else
              f"{placement.groups_per_node} groups share each node's {nics} NIC{'s' * (nics > 1)}")
     return Link("inter-node", bw, INTER_NODE_LATENCY_S, used,
                 f"spans {placement.nodes} nodes, {share} of {inter_node_Gbps:g} Gb/s = {nic:g} GB/s: "
-                f"busbw {bw:.3g} GB/s" + (" (NVLink-bound)" if bw == intra_node_GBps else ""))
+                f"busbw {bw:.3g} GB/s" + (" (NVLink-bound)" if bw == ring else ""))
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,14 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
         ring_lat = tree_lat
         why += "; SHARP: the network reduces, each NIC carries the buffer once"
     t = volume / (busbw * 1e9) + ring_lat if dp > 1 else 0.0
+    if in_network in ("sharp", "nvls+sharp") and link.name == "inter-node" and dp > 1 and place.ranks_per_node > 1:
+        # the switches reduce across nodes, but the node's own ranks still reduce and gather over NVLink first:
+        # SHARP's 2x is bounded by that phase
+        k = place.ranks_per_node
+        nvl = 2 * (k - 1) / k * buffer / (intra_node_GBps * RING_NVLINK_SHARE * 1e9)
+        if nvl > t - ring_lat:
+            t = nvl + ring_lat
+            why += f"; bounded by the NVLink phase among the node's {k} ranks"
     nic = gbps_to_GBps(inter_node_Gbps)
     if link.name == "inter-node":
         flat = volume / (nic * 1e9) + ring_lat

@@ -66,7 +66,16 @@ import math
 from dataclasses import dataclass, replace
 
 from . import context as CP
-from .comm import BYTES_PER_ELEMENT, NVLS_GAIN, NVLS_MIN_LOCAL, allreduce_link, dp_placement, gbps_to_GBps, ring_allreduce_time
+from .comm import (
+    BYTES_PER_ELEMENT,
+    NVLS_GAIN,
+    NVLS_MIN_LOCAL,
+    RING_NVLINK_SHARE,
+    allreduce_link,
+    dp_placement,
+    gbps_to_GBps,
+    ring_allreduce_time,
+)
 from .flops import train_flops_per_token
 from .moe import Experts, active_params, params_per_gpu
 from .moe import a2a_layer as a2a_layer_of
@@ -76,8 +85,8 @@ from .moe import a2a_layer as a2a_layer_of
 # Fitted by tools/calibrate_advisor.py on 53 published runs (data/reference/advisor-calibration.json): the
 # four constants below, nothing else. A tokens-per-micro-batch term (T0) and an fp8 kernel share were tried
 # and went: the fit put T0 near 0 and the share at 1 (they helped no held-out family).
-GEMM_CEILING = {"ampere": 0.756, "hopper": 0.558, "blackwell": 0.637}
-GEMM_HIDDEN_HALF = 1908.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
+GEMM_CEILING = {"ampere": 0.762, "hopper": 0.561, "blackwell": 0.641}
+GEMM_HIDDEN_HALF = 1919.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
 DEFAULT_EFFICIENCY = 0.60         # the sliders' starting point, and where a chip's generation is unknown
 ACTIVATION_BYTES = 2              # bf16 activations on the wire (tp all-reduces, pp send/recv)
 TP_ALLREDUCES = {"none": 4, "selective": 4, "op_selective": 4, "full": 6}      # per layer per micro-batch
@@ -308,18 +317,20 @@ def expert_dp(lay: Layout) -> int:
 
 
 def _dp_link(cluster: Cluster, ranks: int, stride: int, pp: int):
-    """The rail-aware ring of a gradient group of ``ranks`` members ``stride`` ranks apart, and whether the
-    network reduces its all-reduce: ``(link, "nvls" | "sharp" | None)`` (``comm.allreduce_plan``'s rules:
-    NVLink SHARP with 5 or more local ranks inside a node, InfiniBand SHARP across nodes)."""
+    """The rail-aware ring of a gradient group of ``ranks`` members ``stride`` ranks apart, whether the
+    network reduces its all-reduce, and SHARP's NVLink phase per byte: ``(link, "nvls" | "sharp" | None,
+    s/B)`` (``comm.allreduce_plan``'s rules: NVLink SHARP with 5 or more local ranks inside a node,
+    InfiniBand SHARP across nodes, bounded by the node's own ranks reducing over NVLink first)."""
     place = dp_placement(ranks, stride, pp, cluster.gpus_per_node)
     link = allreduce_link(place, intra_node_GBps=cluster.intra_node_GBps, inter_node_Gbps=cluster.inter_node_Gbps,
                           nics_per_node=cluster.nics_per_node, gpus_per_node=cluster.gpus_per_node)
     net = cluster.in_network
     if "nvls" in net and link.name == "intra-node" and place.ranks_per_node >= NVLS_MIN_LOCAL:
-        return replace(link, busbw_GBps=link.busbw_GBps * NVLS_GAIN), "nvls"
+        return replace(link, busbw_GBps=link.busbw_GBps * NVLS_GAIN), "nvls", 0.0
     if "sharp" in net and link.name == "inter-node":
-        return link, "sharp"
-    return link, None
+        k = place.ranks_per_node
+        return link, "sharp", 2 * (k - 1) / k / (cluster.intra_node_GBps * RING_NVLINK_SHARE * 1e9)
+    return link, None, 0.0
 
 
 def _dp_collectives(zero_stage: int, g_bytes: float, w_bytes: float, ranks: int, link_net) -> tuple[float, float, float]:
@@ -330,10 +341,11 @@ def _dp_collectives(zero_stage: int, g_bytes: float, w_bytes: float, ranks: int,
     optimizer, DeepSpeed): a reduce-scatter of the gradients, then an all-gather of the updated 16-bit
     weights: ``(D-1)/D`` of each. InfiniBand SHARP reduces an all-reduce in the switches: each rank sends
     its buffer once, at the tree's latency."""
-    link, net = link_net
+    link, net, nvl_per_byte = link_net
+    nvl_phase = nvl_per_byte * g_bytes
     bw, alpha = link.busbw_GBps, link.latency_s
-    if zero_stage == 0 and net == "sharp":
-        return g_bytes / (bw * 1e9) + 2 * math.ceil(math.log2(ranks)) * alpha, 0.0, g_bytes
+    if zero_stage == 0 and net == "sharp":           # bounded by the NVLink phase of the node's ranks (comm)
+        return max(g_bytes / (bw * 1e9), nvl_phase) + 2 * math.ceil(math.log2(ranks)) * alpha, 0.0, g_bytes
     if zero_stage == 0:
         buckets = max(1, math.ceil(g_bytes / BUCKET_BYTES))
         tree = 2 * math.ceil(math.log2(ranks)) * alpha
@@ -383,7 +395,8 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
 
     tp_layer = tp_exposed_layer = 0.0
     if tp > 1:
-        one = ring_allreduce_time(ACTIVATION_BYTES * tokens_mb * h, tp, cluster.intra_node_GBps, NVLINK_LATENCY_S)
+        one = ring_allreduce_time(ACTIVATION_BYTES * tokens_mb * h, tp, cluster.intra_node_GBps * RING_NVLINK_SHARE,
+                                  NVLINK_LATENCY_S)
         tp_layer = TP_ALLREDUCES[lay.activation_recompute] * one
         tp_exposed_layer = max(0.0, tp_layer - GEMM_SHARE * (t_fwd + t_bwd)) if overlap.tp_comm else tp_layer
 
