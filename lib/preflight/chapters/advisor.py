@@ -69,10 +69,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _recompute(profile: Profile) -> tuple[str, ...]:
-    """The framework's recompute policies; Megatron's selective only where attention is unfused (with
-    flash attention it recomputes nothing: FlashAttention already recomputes the scores)."""
-    rcs = FRAMEWORK_RECOMPUTE[profile.training.framework]
-    return tuple(r for r in rcs if not (r == "selective" and profile.model.attention == "flash"))
+    """The framework's recompute policies. Megatron's selective recompute checkpoints the core attention
+    (``recompute_modules: core_attn``) whatever the attention backend: with flash attention it re-runs the
+    fused forward and saves its output and statistics (little memory, some compute), so it stays a choice."""
+    return FRAMEWORK_RECOMPUTE[profile.training.framework]
 
 
 def supported(framework: str, zero_stage: int, pp: int) -> bool:

@@ -219,7 +219,15 @@ def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
                         (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
                         p.recompute, p.precision)
     w = p.moe.moe_layers / p.layers
-    return [(name, (1 - w) * a + w * b, split) for (name, a, split), (_, b, _) in zip(dense, moe)]
+    parts = [(name, (1 - w) * a + w * b, split) for (name, a, split), (_, b, _) in zip(dense, moe)]
+    if p.recompute not in ("full",):
+        # the routed tokens themselves (Megatron's token dispatcher, DeepEP): each token's k copies of h
+        # permuted into the experts' inputs, and the k expert outputs kept for the weighted combine's backward
+        e = A.ELEMENT_BYTES[p.precision]
+        sbh = p.local_seq * p.micro_batch_size * p.hidden
+        parts.append(("MoE: permuted expert inputs and outputs kept for the combine (2 k sbh)",
+                      w * 2 * p.moe.top_k * e * sbh, "sp"))
+    return parts
 
 
 def _layer(p: Plan) -> float:
