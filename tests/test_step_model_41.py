@@ -152,3 +152,23 @@ def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan(capsys):
     sink = FindingSink()
     C4.add_busiest_expert_finding(sink, small)
     assert sink.findings[0].verdict in ("warn", "fail")
+
+
+def test_moe_activations_keep_the_routed_tokens():
+    """A MoE layer keeps each token's k permuted copies (the experts' inputs) and the k expert outputs for the
+    weighted combine's backward: 2 k s b h elements; on DeepSeek-V3's stage (58 of 61 layers MoE, top-8) that
+    is 16 sbh more per layer, +83 % over the layer's other tensors (issue 41's review: +41-83 %)."""
+    from conftest import REPO
+    from preflight.chapters import memory_plan as MP
+    from preflight.core.profile import load_profile
+    from preflight.models import memory as M
+
+    p = load_profile(REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml")
+    plan = MP.plan_of(p)
+    parts = {name: b for name, b, _ in M.layer_parts(plan)}
+    routed = next(b for name, b in parts.items() if name.startswith("MoE: permuted"))
+    assert routed == pytest.approx(58 / 61 * 2 * 8 * 2 * 4096 * 1 * 7168)
+    others = sum(b for name, b in parts.items() if not name.startswith("MoE: permuted"))
+    assert 0.41 <= routed / others <= 0.9
+    full = MP.plan_of(p, recompute="full")
+    assert not any(name.startswith("MoE: permuted") for name, _, _ in M.layer_parts(full))
