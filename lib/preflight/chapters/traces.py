@@ -32,7 +32,7 @@ IDS = {"baseline": ["baseline/trace_gpu_idle", "baseline/trace_launch_bound", "b
                          "data_pipeline/trace_sync_per_step"],
        "communication": ["communication/trace_comm_overlap", "communication/trace_exposed_comm"],
        "load_balance": ["load_balance/trace_step_spread", "load_balance/trace_compute_imbalance",
-                        "load_balance/trace_collective_wait"],
+                        "load_balance/trace_collective_wait", "load_balance/straggler_cost"],
        "fault_tolerance": ["fault_tolerance/trace_evidence"]}
 
 
@@ -43,8 +43,18 @@ def audit_traces(folder, gpu_key: str | None = None, jobs: int | None = None) ->
 
     Each rank's view (``result["ranks"][r]``) carries the measured step terms a plan is set beside, in
     ``step_terms`` (ms per step: compute, exposed communication per collective type, collective wait,
-    host-bound / launch-bound / queued idle, data wait, pipeline idle)."""
-    return analyze(read_any_job(folder, jobs), gpu_key)
+    host-bound / launch-bound / queued idle, data wait, pipeline idle).
+
+    ``result["stragglers"]``: the straggler what-if of the job (``stragglers_from_trace.what_if``: the
+    analysis under ``result``, or ``why`` it cannot be made from these traces, then said in ``notes``)."""
+    from preflight.diagnose.stragglers_from_trace import what_if
+
+    job = read_any_job(folder, jobs)
+    a = analyze(job, gpu_key)
+    a["stragglers"] = w = what_if(job, str(job["folder"]))
+    if "why" in w:
+        a["notes"].append(f"{STRAGGLER_COST} not computed from these {w['source']}: {w['why']}")
+    return a
 
 
 def read_any_job(folder, jobs: int | None = None) -> dict:
@@ -284,7 +294,22 @@ def load_balance(a: dict) -> list[Finding]:
                            threshold=f"pass <= {WAIT_WARN:.0%}, fail > {WAIT_FAIL:.0%}", source=src,
                            fix="Trace every rank (or several) of the job, the same steps on each.",
                            message=f"not read: {why}"))
-    return out
+    cost = straggler_cost(a)
+    return out + ([cost] if cost else [])
+
+
+STRAGGLER_COST = "load_balance/straggler_cost"
+
+
+def straggler_cost(a: dict) -> Finding | None:
+    """``load_balance/straggler_cost`` from the job's traces: S = real / ideal step time of the what-if replay
+    (``stragglers_from_trace``), with the cause named. None where the traces cannot give its dependency
+    graph: no guess, the reason is in ``a["notes"]`` (and a per-op trace given beside, ``audit --stragglers``,
+    keeps its finding of this id)."""
+    from preflight.diagnose.stragglers_from_trace import what_if
+
+    w = a.get("stragglers") or what_if({"ranks": a["summaries"], "world_size": a["world_size"]}, str(a["folder"]))
+    return Finding(**w["result"]["finding"]) if "result" in w else None
 
 
 def fault_tolerance(a: dict) -> list[Finding]:

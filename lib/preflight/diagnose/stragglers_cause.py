@@ -49,7 +49,9 @@ def worker_means(w: WhatIf) -> dict[str, np.ndarray]:
         m = np.zeros((len(w.tr.ops), 1, w.tr.meta.dp_size))
         for s in range(w.tr.meta.pp_size):
             here = rows & (w.stage == s)
-            if here.any():
+            if here.any() and w.tr.typical_per_op:           # each op its own work: its mean over steps
+                m[here] = w.work[here].mean(axis=1, keepdims=True)
+            elif here.any():
                 m[here] = w.work[here].mean(axis=(0, 1))[None, None, :]
         out[t] = m
     return out
@@ -59,7 +61,8 @@ def _scaled(w: WhatIf, factor_of) -> np.ndarray:
     work = w.work.copy()
     for t, m in worker_means(w).items():
         rows = w.optype == t
-        work[rows] *= factor_of(t, m[rows])
+        if rows.any():                 # a type the trace does not have (a profiler trace: only "compute")
+            work[rows] *= factor_of(t, m[rows])
     return work
 
 
@@ -101,7 +104,7 @@ def fwd_bwd_correlation(w: WhatIf) -> float | None:
     for s in range(w.tr.meta.pp_size):
         rows = {t: np.flatnonzero((w.optype == t) & (w.stage == s)) for t in COMPUTE}
         by_seq = {t: sorted(rows[t], key=lambda i: w.tr.ops[i][2]) for t in COMPUTE}
-        if len(by_seq[COMPUTE[0]]) != len(by_seq[COMPUTE[1]]):
+        if not by_seq[COMPUTE[0]] or len(by_seq[COMPUTE[0]]) != len(by_seq[COMPUTE[1]]):
             continue
         for t, out in zip(COMPUTE, (f, b)):
             ix = by_seq[t]
@@ -121,6 +124,10 @@ def causes(w: WhatIf, by_worker: list[dict]) -> dict:
     worker_share = w.recovered(_without_slow_workers(w, factor))
 
     def stage_factor(t, m):
+        if w.tr.typical_per_op:        # each op its own work: scale a stage's whole step to the mean stage's
+            tot = _stage_totals(w)
+            mg = float(np.mean(list(tot.values())))
+            return np.array([mg / tot[s] if tot[s] > 0 else 1.0 for s in w.stage[w.optype == t]])[:, None, None]
         ms = stage_typical(m)
         rows = w.optype == t
         per_stage = {s: float(ms[w.stage[rows] == s].mean()) for s in np.unique(w.stage[rows])}
@@ -158,10 +165,11 @@ def causes(w: WhatIf, by_worker: list[dict]) -> dict:
                        "checkpoint on a spare node; exclude the node in Slurm until it passes."})
         if stage_share is not None and stage_share >= SHARE:
             s, load = heavy[0]
+            unit = "step" if w.tr.typical_per_op else "microbatch"
             named.append({"cause": "stage imbalance", "share": stage_share, "where": [
-                f"stage {s}: {load:.2f}x the mean stage's compute per microbatch"],
+                f"stage {s}: {load:.2f}x the mean stage's compute per {unit}"],
                 "fix": f"Repartition the pipeline: move layers off stage {s} (it computes {load:.2f}x the mean stage "
-                       "per microbatch; count the loss and embedding as layers of the first and last stage, e.g. "
+                       f"per {unit}; count the loss and embedding as layers of the first and last stage, e.g. "
                        "Megatron's --decoder-first/last-pipeline-num-layers) until every stage computes within 5 % of the mean."})
         if seq_share is not None and seq_share >= SHARE and corr is not None and corr >= CORRELATED:
             named.append({"cause": "sequence-length imbalance", "share": seq_share, "where": [
@@ -175,8 +183,9 @@ def causes(w: WhatIf, by_worker: list[dict]) -> dict:
             "stage_load": {int(s): float(load) for s, load in heavy}}
 
 
-def _stage_load(w: WhatIf) -> list[tuple[int, float]]:
-    """Each stage's typical forward + backward compute per microbatch over the mean stage's, heaviest first."""
+def _stage_totals(w: WhatIf) -> dict[int, float]:
+    """Each stage's typical compute at its fastest worker's pace: per microbatch (one forward and one backward)
+    in a Parquet trace; per step (every compute op) where each op is its own work (a profiler trace)."""
     means = worker_means(w)
     per = {}
     for s in range(w.tr.meta.pp_size):
@@ -184,8 +193,14 @@ def _stage_load(w: WhatIf) -> list[tuple[int, float]]:
         for t in COMPUTE:
             rows = (w.optype == t) & (w.stage == s)
             if rows.any():
-                total += float(means[t][rows][0].min())
+                total += float(stage_typical(means[t][rows]).sum() if w.tr.typical_per_op else means[t][rows][0].min())
         per[s] = total
+    return per
+
+
+def _stage_load(w: WhatIf) -> list[tuple[int, float]]:
+    """Each stage's typical compute (``_stage_totals``) over the mean stage's, heaviest first."""
+    per = _stage_totals(w)
     mean = np.mean(list(per.values()))
     return sorted(((s, v / mean if mean > 0 else 1.0) for s, v in per.items()), key=lambda x: -x[1])
 

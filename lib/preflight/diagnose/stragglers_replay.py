@@ -59,9 +59,9 @@ def step_times(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 class WhatIf:
     """A trace with its graph, the recorded and the typical work of every op, and the replays on them."""
 
-    def __init__(self, tr: OpTrace):
+    def __init__(self, tr: OpTrace, graph: Graph | None = None):
         self.tr = tr
-        self.g = build(tr)
+        self.g = graph or build(tr)          # a profiler trace's own graph (stragglers_from_trace), else Megatron's
         self.optype = tr.optype
         self.stage = tr.stage
         end = tr.start + tr.dur
@@ -83,7 +83,11 @@ class WhatIf:
         for t in np.unique(self.optype):
             rows = self.optype == t
             w = self.work[rows]
-            self.typical[rows] = w.mean() if t in MEAN_TYPES else np.median(w)
+            if tr.typical_per_op:                  # each op its own work: typical over steps and dp ranks
+                self.typical[rows] = (w.mean(axis=(1, 2), keepdims=True) if t in MEAN_TYPES
+                                      else np.median(w, axis=(1, 2), keepdims=True))
+            else:
+                self.typical[rows] = w.mean() if t in MEAN_TYPES else np.median(w)
         self.t_recorded = step_times(tr.start, end)
         self.t_replayed = self.run(self.work, self.delay)
         self.t_real = self.run(self.work)

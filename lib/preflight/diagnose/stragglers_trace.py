@@ -24,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-COMPUTE = ("forward-compute", "backward-compute")
+# "compute" is the GPU compute between two collectives of a profiler trace (stragglers_from_trace), which
+# does not say forward from backward; a Parquet per-op trace names the two and may not use it
+COMPUTE = ("forward-compute", "backward-compute", "compute")
 P2P = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COMM = ("params-all-gather", "grads-reduce-scatter")
-OPTYPES = (*COMPUTE, *P2P, *DP_COMM, "layernorm-grads-all-reduce", "embedding-grads-all-reduce",
-           "optimizer-clip-main-grad", "optimizer", "gc")
+OPTYPES = ("forward-compute", "backward-compute", *P2P, *DP_COMM, "layernorm-grads-all-reduce",
+           "embedding-grads-all-reduce", "optimizer-clip-main-grad", "optimizer", "gc")
 # column -> the kind of values it must hold; mc, mb_id, gmc are optional (-1 where they do not apply)
 REQUIRED = {"dp_rank": "integer", "stage": "integer", "rank": "integer", "step": "integer", "optype": "string",
             "start_ts": "float", "duration": "float", "seq_id": "integer"}
@@ -66,6 +68,9 @@ class OpTrace:
     start: np.ndarray
     dur: np.ndarray
     rank: np.ndarray
+    # False: the ops of one type on a stage are one kind of work (Megatron's microbatches), judged together;
+    # True: each op is its own work (a profiler trace's compute between two collectives differs from the next)
+    typical_per_op: bool = False
 
     @property
     def optype(self) -> np.ndarray:

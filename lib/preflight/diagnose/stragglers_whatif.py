@@ -22,8 +22,9 @@ from pathlib import Path
 
 from preflight.core.findings import Finding, judge
 from preflight.diagnose import stragglers_cause as C
+from preflight.diagnose.stragglers_graph import Graph
 from preflight.diagnose.stragglers_replay import WhatIf
-from preflight.diagnose.stragglers_trace import load
+from preflight.diagnose.stragglers_trace import OpTrace, load
 
 FINDING_ID = "load_balance/straggler_cost"
 WARN, FAIL = 1.05, 1.10        # S above 1.05: a twentieth of the job lost to waiting; above 1.10 a tenth
@@ -34,7 +35,15 @@ PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
 def analyze(folder: str | Path) -> dict:
     """The full what-if of the folder's trace: slowdowns, attribution, causes and the finding."""
     tr = load(folder)
-    w = WhatIf(tr)
+    return analyze_trace(tr, folder=str(folder), trace=tr.path.name)
+
+
+def analyze_trace(tr: OpTrace, graph: Graph | None = None, *, folder: str, trace: str,
+                  source: str | None = None, per_rank: bool = False) -> dict:
+    """The what-if of a per-op table ``tr`` (from a Parquet file, or converted from profiler traces by
+    :mod:`preflight.diagnose.stragglers_from_trace` with its own ``graph``); ``trace`` names the input in
+    the report and ``source`` in the finding; ``per_rank``: the finding carries each rank's slowdown alone."""
+    w = WhatIf(tr, graph)
     meta = tr.meta
     by_stage = [{"stage": s, "slowdown_alone": w.alone(m := w.mask(stage=s)), "recovered": w.fixed(m)}
                 for s in range(meta.pp_size)]
@@ -53,7 +62,7 @@ def analyze(folder: str | Path) -> dict:
     by_optype = [{"optype": name, "slowdown_alone": w.alone(m := w.mask(optypes=types)), "recovered": w.fixed(m)}
                  for name, types in groups.items()]
     res = {
-        "folder": str(folder), "trace": tr.path.name, "job": asdict(meta),
+        "folder": folder, "trace": trace, "job": asdict(meta),
         "steps": [int(s) for s in tr.steps], "workers_traced": meta.dp_size * meta.pp_size,
         "ops_per_step": len(tr.ops) * meta.dp_size,
         "step_time_recorded_s": float(w.t_recorded.mean()), "step_time_s": float(w.t_real.mean()),
@@ -69,11 +78,12 @@ def analyze(folder: str | Path) -> dict:
         "by_optype": sorted(by_optype, key=lambda r: -r["slowdown_alone"]),
     }
     res["causes"] = C.causes(w, by_worker)
-    res["finding"] = _finding(res)
+    res["finding"] = _finding(res, source or f"computed from the per-op trace {trace} (what-if replay, arXiv 2505.05713)",
+                              per_rank)
     return res
 
 
-def _finding(res: dict) -> dict:
+def _finding(res: dict, source: str, per_rank: bool = False) -> dict:
     s = res["slowdown"]
     verdict, words = judge(s, warn=WARN, fail=FAIL, higher_is_better=False, fmt="{:.2f}")
     named = res["causes"]["named"]
@@ -92,8 +102,9 @@ def _finding(res: dict) -> dict:
     else:
         message = f"Steps take {loss}: nothing straggles worth fixing."
         fix = "Nothing to fix; re-run the what-if after a change of layout, data or nodes."
+    per = {str(r["rank"]): r["slowdown_alone"] for r in sorted(res["by_worker"], key=lambda r: r["rank"])}
     f = Finding(id=FINDING_ID, value=s, unit="x", verdict=verdict, threshold=words, message=message, fix=fix,
-                source=f"computed from the per-op trace {res['trace']} (what-if replay, arXiv 2505.05713)")
+                source=source, per_rank=per if per_rank else None)
     return asdict(f)
 
 

@@ -80,7 +80,21 @@ def describe(name: str, kargs: dict, anns: list[dict]) -> dict:
     merged = {**(op["args"] if op else {}), **rpc, **kargs}
     seq = merged.get("Seq", merged.get("Sequence number"))
     return {"type": kind, "pg": str(merged.get("Process Group Name", "")), "seq": seq,
-            "group": merged.get("Group size"), "bytes": _bytes(merged, kind), "source": source}
+            "group": merged.get("Group size"), "bytes": _bytes(merged, kind), "source": source, **_p2p(merged)}
+
+
+def _p2p(a: dict) -> dict:
+    """A point-to-point transfer's direction and peer, from PyTorch's ``Dst Rank`` (a send) or ``Src Rank``
+    (a recv) argument: the peer's rank in the process group, made global with ``Global rank start`` and
+    ``Global rank stride`` where the trace has them. Both None when the trace does not say."""
+    for key, direction in (("Dst Rank", "send"), ("Src Rank", "recv")):      # integers, checked by the reader
+        peer = a.get(key)
+        if peer is not None and peer >= 0:
+            start, stride = a.get("Global rank start"), a.get("Global rank stride")
+            if start is not None and start >= 0 and stride is not None and stride >= 1:
+                peer = start + stride * peer
+            return {"direction": direction, "peer": peer}
+    return {"direction": None, "peer": None}
 
 
 def exposed_profile(s: int, e: int, comp) -> list[int]:

@@ -82,7 +82,8 @@ def _keep_cpu(name: str) -> bool:
 
 
 _GPU_ARGS = ("bytes", "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-             "Process Group Name", "Seq", "Sequence number")
+             "Process Group Name", "Seq", "Sequence number", "Dst Rank", "Src Rank", "Global rank start",
+             "Global rank stride")
 
 
 def _time(d: dict) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from preflight.diagnose.trace_critical import critical_path
 from preflight.diagnose.trace_file import SYNC_CALLS, RankEvents
 from preflight.diagnose.trace_kernels import CLASSES, PEAK_DTYPE, kernel_class, op_flops, short_dtype
 
-SUMMARY_VERSION = 6
+SUMMARY_VERSION = 7
 _H2D_KIND = (("Pageable", "pageable"), ("Pinned", "pinned"), ("Host", "host (pageable or pinned: not said)"))
 BLOCKING_COPY = "Memcpy DtoH (Device -> Pageable)"       # the host waits for it: a synchronising copy
 
@@ -99,6 +99,7 @@ def summarize(ev: RankEvents) -> dict:
     meta = dict(ev.meta)
     meta["start_ns"] = int(ev.steps[0]["ts"]) if ev.steps else (int(g["ts"].min()) if len(g["ts"]) else None)
     comm = _comm(ts, end, cls, streams, names, args, lz, ev, w)
+    comm["segments"] = _segments(ts, end, cls, lz["ts"], w, comm["collectives"])
     out = {"version": SUMMARY_VERSION, "meta": meta, "events": ev.events, "dropped": dict(ev.dropped),
            "kernel_names": _kernel_names(g),
            "window": {"basis": w["basis"], "steps": len(w["steps"]), "steps_in_trace": len(ev.steps),
@@ -301,6 +302,35 @@ def _comm(ts, end, cls, streams, names, args, lz, ev, w) -> dict:
             d["bytes"] += c["bytes"]
             d["bytes_known"] += 1
     return {"by_type": by, "collectives": colls}
+
+
+SEGMENT_SLACK_NS = 1_000
+
+
+def _segments(ts, end, cls, launch, w, colls) -> list[dict]:
+    """Per step of the window, its compute kernels (matmul and memory-bound) split at the start of each of
+    the step's communication kernels: segment j holds the kernels that ended after collective j-1 began and
+    by the time collective j began, or up to ``SEGMENT_SLACK_NS`` later (a tie: the collective waited for
+    that kernel); the last segment, those that ended later. Each segment is ``[first start,
+    last end, busy]`` in ns on the collectives' clock (``t0_ns``), None when empty: the compute between
+    collectives that the straggler what-if replays (``stragglers_from_trace``)."""
+    if not len(ts) or not w["steps"]:
+        return []
+    comp = (cls == "matmul") | (cls == "memory")
+    t_lo = int(ts.min())
+    out = []
+    for s in w["steps"]:
+        num = step_number(s)
+        cuts = np.array(sorted(c["t0_ns"] for c in colls if c["side"] == "gpu" and c["step"] == num), np.int64)
+        mine = np.flatnonzero(comp & (launch >= s["ts"]) & (launch < s["ts"] + s["dur"]))
+        seg = np.searchsorted(cuts, end[mine] - t_lo - SEGMENT_SLACK_NS, side="left")
+        parts = []
+        for j in range(len(cuts) + 1):
+            k = mine[seg == j]
+            parts.append([int(ts[k].min()) - t_lo, int(end[k].max()) - t_lo, length(union(ts[k], end[k]))]
+                         if len(k) else None)
+        out.append({"step": num, "segments": parts})
+    return out
 
 
 _DESCRIPTIVE = {"main_stream", "group", "basis", "side", "version", "timeline", "first", "why", "kind",

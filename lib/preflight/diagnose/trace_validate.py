@@ -9,7 +9,8 @@ into the few plain values the verdicts read or rejected with the field and the r
 - names are strings; ``args`` is an object; ids (``correlation``, ``stream``) are integers in
   0..2^63 - 1 (a ROCm stream may be written ``"0x0"``);
 - a communication kernel's sizes (``bytes``, ``In msg nelems``...) are integers in 0..2^62, its
-  ``Group size`` 1..10^6;
+  ``Group size`` 1..10^6, a send/recv's ``Dst Rank`` / ``Src Rank`` / ``Global rank start`` / ``stride``
+  -1..10^6 (-1: PyTorch does not say);
 - an op's ``Input Dims`` is a list of shapes, each a list of integers in 0..2^31 (a scalar is ``[]``).
 
 A rejected event is *counted*, never dropped in silence: the reader keeps, per field, how many and
@@ -118,6 +119,8 @@ def gpu_args(a: dict, keep: tuple) -> dict:
             out[k] = integer(v, f"args.{k}", 0, MAX_BYTES)
         elif k == "Group size":
             out[k] = integer(v, f"args.{k}", 1, MAX_WORLD)
+        elif k in ("Dst Rank", "Src Rank", "Global rank start", "Global rank stride"):   # -1: not said
+            out[k] = integer(v, f"args.{k}", -1, MAX_WORLD)
         elif k in ("Seq", "Sequence number"):
             out[k] = integer(v, f"args.{k}", 0, MAX_ID)
         elif k == "Process Group Name":
