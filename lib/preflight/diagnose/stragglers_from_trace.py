@@ -264,7 +264,7 @@ def _align(ops, groups, start, end, where, by_cell, pp) -> tuple[np.ndarray, flo
             shift[rows, si, d] = o
         for (x, y), v in diffs.items():
             spread = max(spread, max(abs(e - (off[y] - off[x])) for e in v))
-    return shift, spread / 1e9
+    return shift, float(spread) / 1e9
 
 
 def what_if(job: dict, name: str = "") -> dict:
