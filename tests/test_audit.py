@@ -298,7 +298,9 @@ def test_measure_mode_audit_quick(tmp_path):
     stall = f["fault_tolerance/async_stall_ratio"]
     total = rec["results"]["async_total_ratio"]
     assert stall["value"] == pytest.approx(total) and "stall + slower in-flight steps" in stall["threshold"]
-    assert stall["verdict"] == ("pass" if total <= 0.5 else "warn" if total <= 1 else "fail")
+    would = "pass" if total <= 0.5 else "warn" if total <= 1 else "fail"
+    # measured on this CPU for the example's H100 plan: shown, labelled, not judged (issue 40)
+    assert stall["verdict"] == "info" and f"it would read {would}" in stall["threshold"], stall["threshold"]
     assert 0 < f["fault_tolerance/elastic_recovery_s"]["value"] < 60
     recs = {p.stem.split("-")[0] for p in (out / "records").glob("*.json")}
     assert {"ceilings", "baseline", "fusion", "memory", "datapipe", "loadtune", "loadmon_overhead", "allreduce",

@@ -137,7 +137,9 @@ def test_staged_scaling_across_nodes_feeds_chapter_1(cluster, tmp_path, tmp_path
     curve = next(t for t in html_tables(notebook_text(out, "baseline")) if t and rule in t[0])
     rows = {r[curve[0].index("GPUs")]: dict(zip(curve[0], r)) for r in curve[1:]}
     assert rows["2"]["curve from"] == "measured" and rows["1"]["curve from"] == "measured", rows
-    assert rows["8"]["curve from"].startswith("model") and rows["8"][rule] == "— (model only)", rows["8"]
+    # gpu: auto on a CPU: no peak, so the ring arithmetic on the stated step, labelled so
+    assert rows["8"]["curve from"].startswith(("step model", "ring arithmetic")), rows["8"]
+    assert rows["8"][rule] == "— (model only)", rows["8"]
     eff = m["value"]
     assert rows["2"][rule] == ("stop" if eff < 0.6 else "go on"), rows["2"]
     assert rows["2"]["efficiency, measured"] == percent(eff), rows["2"]

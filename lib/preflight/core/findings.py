@@ -142,7 +142,8 @@ class FindingSink:
         kw = {"id": fid, "unit": unit, "source": measured.source, **build(measured.results)}
         rec = getattr(measured, "record", None) or {}
         kind = (rec.get("ran_on") or {}).get("kind") or (rec.get("device") or {}).get("kind")
-        if self.plan_gpu and kind == "cpu" and kw["verdict"] in ("pass", "warn", "fail"):
+        # a correctness check (unit "bool": a resume bit for bit) holds on any device; a rate or a time does not
+        if self.plan_gpu and kind == "cpu" and kw["verdict"] in ("pass", "warn", "fail") and unit != "bool":
             kw["threshold"] = (f"measured on a CPU, unlike the plan's {self.plan_gpu}: shown to teach, not judged "
                                f"(it would read {kw['verdict']} against: {kw['threshold']})")
             kw["verdict"] = "info"
