@@ -119,8 +119,10 @@ def chart_frame(c: dict) -> pd.DataFrame:
     for r in c["rows"]:
         if r["term"] not in TOP_LEVEL:
             continue
-        rows.append({"step": "plan (step model)", "term": r["words"], "seconds": r["plan_s"]})
-        rows.append({"step": f"traces (median of {c['ranks']} rank(s))", "term": r["words"], "seconds": r["trace_s"] or 0.0})
+        k = TOP_LEVEL.index(r["term"])            # stacked in the legend's order
+        rows.append({"step": "plan (step model)", "term": r["words"], "seconds": r["plan_s"], "order": k})
+        rows.append({"step": f"traces (median of {c['ranks']} rank(s))", "term": r["words"], "seconds": r["trace_s"] or 0.0,
+                     "order": k})
     return pd.DataFrame(rows)
 
 
@@ -132,7 +134,7 @@ def chart(c: dict):
         y=alt.Y("step:N", title=None, sort=None, axis=alt.Axis(labelLimit=300)),
         x=alt.X("seconds:Q", title="seconds per step"),
         color=alt.Color("term:N", title=None, sort=[w for k, w, *_ in ROWS if k in TOP_LEVEL]),
-        order=alt.Order("term:N"),
+        order=alt.Order("order:Q"),
         tooltip=["step", "term", alt.Tooltip("seconds:Q", format=".3g")],
     ).properties(width=460, height=90, title="The plan's step and the traced step, term by term")
 

@@ -123,14 +123,16 @@ def amdahl_chart(ts: float, tc: float, n_max: int = 1024, n_mark: int | None = N
 
 def scaling_curve_chart(curve: pd.DataFrame, measured: pd.DataFrame | None = None,
                         stop_rule: float | None = None) -> alt.LayerChart:
-    """Efficiency per stage (no overlap / overlap bounds), measured points, and the stop rule."""
+    """Efficiency per stage: the step model's estimate (the verdict's) between its no-overlap and full-overlap
+    bounds, measured points, and the stop rule."""
     from preflight.models.extrapolate import STOP_RULE_EFFICIENCY
 
     stop_rule = STOP_RULE_EFFICIENCY if stop_rule is None else stop_rule
-    df = curve.melt("gpus", value_vars=["efficiency_no_overlap", "efficiency_overlap"],
-                    var_name="bound", value_name="value")
+    cols = ["efficiency_no_overlap", "efficiency_overlap"] + (["efficiency_model"] if "efficiency_model" in curve else [])
+    df = curve.melt("gpus", value_vars=cols, var_name="bound", value_name="value")
     df["bound"] = df["bound"].map({"efficiency_no_overlap": "model, no overlap (lower bound)",
-                                   "efficiency_overlap": "model, full overlap (upper bound)"})
+                                   "efficiency_overlap": "model, full overlap (upper bound)",
+                                   "efficiency_model": "step model (the verdict's estimate)"})
     layers = [alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("gpus:Q", scale=alt.Scale(type="log", base=2), title="GPUs"),
         y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1.05]), axis=alt.Axis(format="%"),
