@@ -147,8 +147,9 @@ def guidance_html(summary: dict) -> str:
                      f"<a href='#{esc(f['id'])}'>{esc(title(f['id']))}</a>: {esc(fmt_finding(f))} "
                      f"({esc(f['threshold'])}){far}</span></li>")
     how = ("Ranked by verdict (fail before warn), then by consequence (a plan that cannot start or finish, then "
-           "time lost, then a factor missed), then by how many times the number misses its pass bound: the "
-           "factor the fix has to move it by.")
+           "time lost, then a factor missed); among time lost, by the share of the run it costs where the finding "
+           "says it (the step model's bubble and exposed communication, padding, the run's waste); then by how "
+           "many times the number misses its pass bound: the factor the fix has to move it by.")
     return (f"<section class='guidance'><p class='overall'>{esc(line)}; fix these first:</p>"
             f"<ol class='fixes'>{''.join(items)}</ol><p class='meta'>{how}</p></section>")
 
