@@ -75,12 +75,14 @@ def test_llama3_published_throughput_lies_inside_what_the_unstated_choices_span(
     (66.9 tokens/s per GPU in the 6N + 12 L h s convention, 93.7 in the causal one) must lie between the
     model's most and least favourable readings of them."""
     p = load_profile(LLAMA3)
-    cluster, model = A._cluster(p, "H100-SXM"), A._model(p)
+    from preflight.chapters import step as S
+
+    cluster, model = S.cluster_of(p, "H100-SXM"), S.model_of(p)
     tok = []
     for v, rc in ((1, "full"), (8, "none")):
         lay = T.Layout(tp=8, pp=16, dp=8, zero_stage=1, activation_recompute=rc, sequence_parallel=True,
                        micro_batch_size=1, microbatches=16, interleave=v, cp=16)
-        st = T.step_time(lay, model=model, cluster=cluster, overlap=A.overlap(p), framework="megatron")
+        st = T.step_time(lay, model=model, cluster=cluster, overlap=S.overlap_of(p), framework="megatron")
         assert st.cp_exposed_s == 0.0 and st.cp_comm_s > 0
         tok.append(st.tokens_per_s_per_gpu)
     L, s, N = 126, 131072, 405e9

@@ -137,7 +137,7 @@ def test_a_moe_layer_waits_for_its_busiest_expert_parallel_rank():
     assert moe.busiest_rank_load(4096, 1, 8)["wait"] == 1.0
 
 
-def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan(capsys):
+def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan():
     from conftest import REPO
     from preflight.chapters import load_balance as C4
     from preflight.core.findings import FindingSink

@@ -114,10 +114,6 @@ def layouts(profile: Profile, batch: int):
                                micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep, cp=cp)
 
 
-# The profile -> step model inputs have one home, the plan's step model (``preflight.chapters.step``).
-_cluster, overlap, _model = S.cluster_of, S.overlap_of, S.model_of
-
-
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
     """The chapter's planner input for ``lay`` (``memory_plan.plan_of`` with the layout's fields)."""
     return MP.plan_of(profile, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
@@ -147,14 +143,14 @@ def at_efficiency(profile: Profile, result: dict, efficiency: float | None, gpu_
     """``result``'s fitting candidates (from :func:`advise`) re-timed and re-ranked at another efficiency:
     memory does not depend on it, the ranking can (a faster kernel leaves less compute to hide the
     communication behind). For the chapter's slider; the same step model as ``advise``."""
-    cluster = _cluster(profile, _gpu_key(profile, gpu_key))          # once, not per candidate
+    cluster = S.cluster_of(profile, _gpu_key(profile, gpu_key))          # once, not per candidate
     return sorted((_retimed(profile, c, cluster, efficiency) for c in result["candidates"] if c["fits"]),
                   key=_rank_key)
 
 
 def retime(profile: Profile, c: dict, efficiency: float | None, gpu_key: str | None = None) -> dict:
     """Candidate ``c`` with its step re-timed at ``efficiency`` (its memory and verdicts unchanged)."""
-    return _retimed(profile, c, _cluster(profile, _gpu_key(profile, gpu_key)), efficiency)
+    return _retimed(profile, c, S.cluster_of(profile, _gpu_key(profile, gpu_key)), efficiency)
 
 
 def _retimed(profile: Profile, c: dict, cluster: T.Cluster, efficiency: float | None) -> dict:
@@ -252,7 +248,7 @@ def advise(profile: Profile, *, batch: int | None = None, efficiency: float | No
     source = efficiency_source or "--efficiency" if efficiency is not None else (
         "the GEMM efficiency model, calibrated on published runs (docs/advisor-validation.md); measure "
         "yours: chapter 1's MFU on a GPU, then advise --mfu-from")
-    cluster = _cluster(profile, gpu_key)
+    cluster = S.cluster_of(profile, gpu_key)
     cands = [evaluate(profile, lay, capacity, cluster, efficiency) for lay in layouts(profile, batch)]
     if not cands:
         raise ValueError(f"global batch (--global-batch, or the profile's micro_batch_size x microbatches x dp) = {batch} "
@@ -293,7 +289,7 @@ def evaluate_plan(profile: Profile, efficiency: float | None = None, gpu_key: st
     gpu_key = _gpu_key(profile, gpu_key)
     capacity, _ = MP.capacity_bytes(profile)
     lay = S.layout_of(profile)
-    return evaluate(profile, lay, capacity, _cluster(profile, gpu_key), efficiency)
+    return evaluate(profile, lay, capacity, S.cluster_of(profile, gpu_key), efficiency)
 
 
 def not_modelled(profile: Profile) -> list[str]:

@@ -261,7 +261,7 @@ def add_step_findings(sink: FindingSink, profile: Profile, ps: S.PlanStep) -> No
                       + (f" cp={t.cp}" if t.cp > 1 else "") + (f" ep={t.ep}" if t.ep > 1 else "")
                       + f": {ps.words()}; {ps.terms['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, MFU "
                       f"{ps.terms['mfu']:.1%} (kernels at {ps.terms['efficiency']:.0%} of the bf16 peak: "
-                      f"{ps.efficiency_source}). `advise` prints the same terms for this plan."),
+                      f"{S.EFFICIENCY_MODEL}). `advise` prints the same terms for this plan."),
              fix="Check it against your job: audit --traces DIR sets each term beside the same term measured.",
              source="the plan's step model (preflight.chapters.step)", terms=S.terms_of(ps))
     ratio = S.stated_ratio(ps)

@@ -176,7 +176,7 @@ def cp_exchange(profile: Profile, seq_len: int | None = None, cp: int | None = N
     peak = hardware.peak_tflops(gpu, "bf16")
     if not peak:
         return None
-    rate = peak * 1e12 * throughput.gemm_efficiency(gpu, m.hidden, t.micro_batch_size * s // k)
+    rate = peak * 1e12 * throughput.gemm_efficiency(gpu, m.hidden)
     link = throughput.neighbour_link(throughput.Cluster(peak_tflops=peak, gpus_per_node=c.gpus_per_node,
                                                          intra_node_GBps=c.intra_node_GBps,
                                                          inter_node_Gbps=c.inter_node_Gbps,
@@ -263,7 +263,7 @@ def add_sweep_findings(sink: FindingSink, profile: Profile, sweep, why_missing: 
                  "topology before tuning anything else.", source=sweep.source)
     fit = r["fit"]
     v, words = judge(fit["median_rel_error"], warn=FIT_WARN, fail=FIT_FAIL, higher_is_better=False, fmt="{:.0%}")
-    if not gpu and getattr(sink, "plan_gpu", None):      # gloo on this machine says nothing of the plan's links
+    if not gpu and sink.plan_gpu:      # gloo on this machine says nothing of the plan's links
         v, words = "info", f"CPU processes over gloo, unlike the plan's {sink.plan_gpu}: shown, not judged; {words}"
     sink.add(id="communication/alpha_beta_fit_error", value=fit["median_rel_error"], unit="fraction", verdict=v,
              threshold=f"median relative error: {words}",

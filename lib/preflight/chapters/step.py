@@ -100,9 +100,9 @@ def time_layout(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency:
 
 @dataclass(frozen=True)
 class PlanStep:
-    """The plan's step: the model's terms, where its efficiency comes from, and the team's stated compute."""
+    """The plan's step: the model's terms (the kernels at ``EFFICIENCY_MODEL``'s share of the peak) and the
+    team's stated compute."""
     terms: dict                     # throughput.StepTime.as_dict() of the profile's layout
-    efficiency_source: str
     stated_compute_s: float | None  # one GPU's compute per step as the profile states it; None: not stated
 
     @property
@@ -121,7 +121,7 @@ class PlanStep:
     @property
     def compute_basis(self) -> str:
         return ("stated (training.step_compute_s)" if self.stated_compute_s is not None else
-                f"predicted by the step model at {self.terms['efficiency']:.0%} of the bf16 peak ({self.efficiency_source})")
+                f"predicted by the step model at {self.terms['efficiency']:.0%} of the bf16 peak ({EFFICIENCY_MODEL})")
 
     @property
     def exposed_comm_s(self) -> float:
@@ -151,16 +151,14 @@ def stated_compute(profile: Profile) -> float | None:
     return t.step_compute_s / (profile.gpus if t.scaling == "strong" else 1)
 
 
-def plan_step(profile: Profile, gpu_key: str | None = None, efficiency: float | None = None,
-              efficiency_source: str | None = None, gpus: int | None = None) -> PlanStep | None:
-    """The step of the profile's layout (at ``gpus``, default the target); None when the GPU has no known
-    peak (``gpu: auto`` on a machine without one): then nothing can be predicted."""
+def plan_step(profile: Profile, gpu_key: str | None = None) -> PlanStep | None:
+    """The step of the profile's layout at its target, the kernels at the GEMM efficiency model's share of the
+    peak; None when the GPU has no known peak (``gpu: auto`` on a machine without one): nothing to predict."""
     key = gpu_key or (None if profile.cluster.gpu == "auto" else profile.cluster.gpu)
     if hardware.peak_tflops(key, "bf16") is None:
         return None
-    st = time_layout(profile, layout_of(profile, gpus), cluster_of(profile, key), efficiency)
-    source = efficiency_source or ("given" if efficiency is not None else EFFICIENCY_MODEL)
-    return PlanStep(terms=st.as_dict(), efficiency_source=source, stated_compute_s=stated_compute(profile))
+    st = time_layout(profile, layout_of(profile), cluster_of(profile, key))
+    return PlanStep(terms=st.as_dict(), stated_compute_s=stated_compute(profile))
 
 
 class NoStepError(ValueError):

@@ -63,11 +63,14 @@ class Finding:
             if not math.isfinite(self.value):    # JSON has no inf/nan: the message says "unbounded"
                 self.value = None
         if self.terms is not None:
-            self.terms = {str(k): (None if v is None or not math.isfinite(float(v)) else float(v))
-                          for k, v in self.terms.items()}
+            self.terms = _finite_map(self.terms)
         if self.per_rank is not None:
-            self.per_rank = {str(k): (None if v is None or not math.isfinite(float(v)) else float(v))
-                             for k, v in self.per_rank.items()}
+            self.per_rank = _finite_map(self.per_rank)
+
+
+def _finite_map(values: dict) -> dict[str, float | None]:
+    """``{str key: float}``, a non-finite number as None (JSON has no inf or nan)."""
+    return {str(k): (None if v is None or not math.isfinite(float(v)) else float(v)) for k, v in values.items()}
 
 
 def judge(value: float | None, *, warn: float, fail: float, higher_is_better: bool = True,

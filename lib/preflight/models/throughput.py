@@ -120,13 +120,14 @@ def fp8_gain(chip: str | None, fp8_peak: float | None, bf16_peak: float) -> floa
     return fp8_peak / bf16_peak if fp8_peak else 1.0
 
 
-def fp8_cast_elements(hidden: int, ffn: int, swiglu: bool) -> float:
-    """Elements quantised per token and layer: the inputs of the forward GEMMs (qkv and output projection
-    h each, the MLP's h and ffn) and, backward, the output gradients feeding the input- and weight-gradient
-    GEMMs (about as many)."""
-    mlp_in = hidden + ffn
-    mlp_out = (2 if swiglu else 1) * ffn + hidden
-    return (2 * hidden + mlp_in) + (3 * hidden + hidden + mlp_out)
+def fp8_cast_elements(hidden: int, ffn: int, swiglu: bool) -> tuple[float, float]:
+    """Elements quantised per token and layer, (forward, backward): forward, the inputs of the GEMMs (qkv and
+    output projection h each, the MLP's up and down projections h and ffn); backward, the output gradients
+    feeding the input- and weight-gradient GEMMs (qkv 3h, output projection h, the MLP's up (and gate) and
+    down outputs)."""
+    forward = 2 * hidden + hidden + ffn
+    backward = 3 * hidden + hidden + (2 if swiglu else 1) * ffn + hidden
+    return forward, backward
 
 
 def chip_generation(chip: str | None) -> str | None:
@@ -142,10 +143,10 @@ def chip_generation(chip: str | None) -> str | None:
     return None
 
 
-def gemm_efficiency(chip: str | None, hidden: int, tokens_per_microbatch: int | None = None) -> float:
+def gemm_efficiency(chip: str | None, hidden: int) -> float:
     """The share of the dense peak a Transformer layer's kernels reach (module docstring): ``E_chip / (1 +
-    H0 / h)``, ``h`` the GEMMs' smaller dimension. ``tokens_per_microbatch`` is accepted and not used: a
-    tokens term did not survive calibration (docs/advisor-validation.md)."""
+    H0 / h)``, ``h`` the GEMMs' smaller dimension (a tokens-per-micro-batch term did not survive calibration:
+    docs/advisor-validation.md)."""
     ceiling = GEMM_CEILING.get(chip_generation(chip) or "", None)
     if ceiling is None:
         return DEFAULT_EFFICIENCY
@@ -370,7 +371,7 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     cp = lay.cp
     s, h = model.seq_len, model.hidden
     tokens_mb = b * s // cp                                    # one GPU's tokens of a micro-batch
-    eff = gemm_efficiency(cluster.chip, h, tokens_mb) if efficiency is None else efficiency
+    eff = gemm_efficiency(cluster.chip, h) if efficiency is None else efficiency
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
     rate = cluster.peak_tflops * 1e12 * eff
@@ -378,8 +379,7 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
     if model.experts is not None and efficiency is None:       # routed experts' GEMMs at their own shapes
         e = model.experts
-        per_expert = tokens_mb * e.top_k * lay.ep / e.experts   # tokens each local expert receives
-        eff_e = gemm_efficiency(cluster.chip, min(h, e.expert_ffn), max(1.0, per_expert))
+        eff_e = gemm_efficiency(cluster.chip, min(h, e.expert_ffn))
         e_fwd = 2.0 * e.top_k * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb / model.matmul_speedup
         extra = e_fwd / tp / (cluster.peak_tflops * 1e12) * (1 / eff_e - 1 / eff)
         again = 1.0 if lay.activation_recompute in ("full", "op_selective") else 0.0
@@ -387,9 +387,10 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     if model.fp8_recipe and cluster.memory_GBps:               # fp8's quantisation passes, memory-bound
         e = model.experts
         ffn = (e.top_k + e.shared) * e.expert_ffn if e is not None else (model.ffn_hidden or 4 * h)
-        cast = (tokens_mb * fp8_cast_elements(h, ffn, model.swiglu)
-                * FP8_CAST_BYTES[model.fp8_recipe] / tp / (cluster.memory_GBps * 1e9 * CAST_BANDWIDTH_SHARE))
-        t_fwd, t_bwd = t_fwd + cast * 0.4, t_bwd + cast * 0.6     # forward inputs, backward gradients
+        per_element = (tokens_mb * FP8_CAST_BYTES[model.fp8_recipe] / tp
+                       / (cluster.memory_GBps * 1e9 * CAST_BANDWIDTH_SHARE))
+        cast_fwd, cast_bwd = fp8_cast_elements(h, ffn, model.swiglu)
+        t_fwd, t_bwd = t_fwd + cast_fwd * per_element, t_bwd + cast_bwd * per_element
     out_layer = 6.0 * model.vocab * h * tokens_mb / tp / rate  # the output layer, on the last stage
     layers_stage = model.layers / pp
 

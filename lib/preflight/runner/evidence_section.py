@@ -49,6 +49,16 @@ def _folder(ch, given: str, example: bool, case: Path, option: str, what: str) -
     return case, False
 
 
+def _finding(ch, f: dict, mine: bool) -> None:
+    """Show the section's finding; the team's own evidence adds it to the chapter's findings (a shared case
+    teaches only)."""
+    from dataclasses import asdict
+
+    if mine:
+        f = asdict(ch.findings.add(**f))
+    ch.table(pd.DataFrame([f])[["id", "value", "unit", "verdict", "message"]])
+
+
 def _unreadable(ch, given: str, err: Exception, command: str) -> None:
     where = f" (relative to {Path.cwd()})" if not Path(given).is_absolute() else ""
     ch.note(f"'{given}'{where} could not be read: {err}. Check it with `python -m preflight {command} {given}`.")
@@ -56,7 +66,6 @@ def _unreadable(ch, given: str, err: Exception, command: str) -> None:
 
 def show_hang(ch, flight_recorder_dir: str = "", example: bool = True) -> dict | None:
     """Chapter 5's "when the job hangs" (module doc); returns the analysis, or None when nothing was read."""
-    from dataclasses import asdict
 
     from IPython.display import Markdown, display
 
@@ -99,10 +108,7 @@ def show_hang(ch, flight_recorder_dir: str = "", example: bool = True) -> dict |
         ch.show("hang_progress", chart)
     else:
         _inline_chart(chart)
-    f = finding_of(a)
-    if mine:
-        f = asdict(ch.findings.add(**f))
-    ch.table(pd.DataFrame([f])[["id", "value", "unit", "verdict", "message"]])
+    _finding(ch, finding_of(a), mine)
     return a
 
 
@@ -145,8 +151,5 @@ def show_stragglers(ch, stragglers_dir: str = "", example: bool = True) -> dict 
     if named:
         ch.table(pd.DataFrame([{"cause": c["cause"], "where": "; ".join(c["where"]), "fixing it wins back":
                                 f"{c['share']:.0%}", "fix": c["fix"]} for c in named]))
-    f = res["finding"]
-    if mine:
-        ch.findings.add(**f)
-    ch.table(pd.DataFrame([f])[["id", "value", "unit", "verdict", "message"]])
+    _finding(ch, res["finding"], mine)
     return res
