@@ -14,7 +14,7 @@ import math
 
 from preflight.chapters.predict import Exercise
 from preflight.core.numfmt import factor, plural, sci
-from preflight.core.profile import Profile
+from preflight.core.profile import Profile, load_profile
 
 GiB = 2 ** 30
 
@@ -57,9 +57,30 @@ def baseline(profile: Profile, fusion_speedup: float | None = None) -> dict[str,
             f"{' and '.join(sharded)} by {shard}: " + " + ".join(f"{b / profile.model.params:.3g}" for _, b, _ in rows)
             + " bytes per parameter (preflight.models.states).", rel_tol=0.15),
     }
+    ex["fp8"] = fp8(profile)
     if fusion_speedup:
         ex["fusion"] = fusion(fusion_speedup)
     return ex
+
+
+def fp8(profile: Profile) -> Exercise:
+    """fp8's real gain on the plan (chapter 1 asks it before its recipe table shows it), with the profile's
+    recipe where the chip runs it, else Transformer Engine's delayed scaling; on H100 SXM where the plan's
+    GPU has no fp8 (said in the question)."""
+    from preflight.chapters import fp8_recipes as F
+
+    subject, words = F.fp8_subject(profile)
+    chip = F.chip_key(subject)
+    recipe = profile.training.fp8_recipe if F.why_not(chip, profile.training.fp8_recipe) is None else "delayed"
+    return Exercise(
+        "fp8", f"The saying: fp8 doubles throughput (the fp8 peak is twice the bf16 one). Take {words}, one step in bf16 "
+        f"and one with fp8 GEMMs ({recipe}: {F.RECIPE_WORDS[recipe]}). How many times faster is the fp8 step "
+        "(step bf16 / step fp8)?", "x", lambda: F.gain(subject, recipe),
+        "Only the linear layers' GEMMs run at the fp8 peak; attention's matmuls, norms, activations, communication "
+        "and the serial part stay as they were (Amdahl on the GEMMs' share), and every GEMM operand is first cast "
+        "to fp8, a memory-bound pass whose bytes depend on the recipe. torchtitan measured +28-29 % on Llama 3.1 8B "
+        f"(H100); Megatron-Bridge {F.BRIDGE_DEEPSEEK[0]:g}-{F.BRIDGE_DEEPSEEK[1]:g}x on DeepSeek-V3. 2x holds for "
+        "GEMMs alone, at large shapes, with their inputs already in fp8.", rel_tol=0.1, log=True)
 
 
 def fusion(speedup: float | None = None, on_workload: bool = False) -> Exercise:
@@ -142,6 +163,7 @@ def communication(profile: Profile) -> dict[str, Exercise]:
             f"{plural(p.ranks_per_node, 'rank')} of the group per node" if p.link == "inter-node" else
             f"Inside one node, at {c.intra_node_GBps:g} GB/s per GPU over NVLink")
     return {
+        "a2a": a2a(profile),
         "volume": Exercise(
             "volume", f"Your plan with {dtype} gradients instead of {t.grad_dtype}, on twice the data-parallel "
             f"ranks (dp={dp} instead of {profile.replicas}): ring AllReduce of the {m.params / 1e9:g}B gradients. How many "
@@ -158,6 +180,44 @@ def communication(profile: Profile) -> dict[str, Exercise]:
             "Compare the time with the compute per step: that ratio decides whether overlap matters.",
             rel_tol=0.3, log=True),
     }
+
+
+def asked_node_limit(profile: Profile) -> int | None:
+    """A node limit next to the plan's: the first of 2, 1, 3, ... that changes the network bytes (fewer than
+    the top-k and the domains the experts span) and is neither the plan's nor the ladder's. None: none does
+    (the experts sit inside one NVLink domain)."""
+    from preflight.chapters import moe_tables as M
+
+    t, k = profile.training, profile.model.expert_spec.top_k
+    d = M.domains(profile, t.ep)
+    shown = {t.moe_node_limit, M.ladder_limit(profile)}
+    return next((n for n in (2, 1, *range(3, d)) if n < min(k, d) and n not in shown), None)
+
+
+def a2a(profile: Profile) -> Exercise:
+    """Chapter 3's all-to-all question: the network bytes of one MoE layer at a node limit the chapter does not
+    show (:func:`asked_node_limit`), on the plan, or on DeepSeek-V3's where the plan has no experts across
+    NVLink domains (said in the question)."""
+    from preflight.chapters import moe_tables as M
+
+    subject, words = M.moe_profile(profile)
+    if asked_node_limit(subject) is None:
+        subject = load_profile(M.EXAMPLE_MOE)
+        words = f"DeepSeek-V3's pre-training (data/profiles/moe/deepseek-v3.yaml; {words}: its experts stay in one domain)"
+    m, t = subject.model, subject.training
+    lim, d = asked_node_limit(subject), M.domains(subject, t.ep)
+    dispatch = "the forward dispatch in fp8, the rest bf16" if t.moe_dispatch_fp8 else "bf16 throughout"
+    return Exercise(
+        "a2a", f"Take {words}: ep={t.ep} expert-parallel GPUs over {d} NVLink domains, top-{m.expert_spec.top_k}, "
+        f"{M.tokens_per_rank(subject):,.0f} tokens per GPU per micro-batch, hidden {m.hidden:,}, {dispatch}. With "
+        f"node-limited routing at {lim} node{'s' * (lim > 1)} per token (the plan: "
+        f"{t.moe_node_limit or 'no limit'}), how many MB does each GPU send across the network in one MoE layer's "
+        "all-to-alls of one micro-batch (dispatch and combine, forward and backward)?", "MB",
+        lambda: M.a2a_row(subject, node_limit=lim)["network_MB"],
+        f"A token's copies leave its domain with probability (d-1)/d = {d - 1}/{d}; node-limited routing sends it "
+        f"once to each of at most min(k, M) remote domains and forwards it there over NVLink: min(k, M) (d-1)/d "
+        "network copies. Each all-to-all moves tokens x h x copies x bytes per value (fp8 dispatch 1 + 4/128, bf16 2); "
+        "four per layer, six with full recompute (preflight.models.moe.a2a_layer).", rel_tol=0.3, log=True)
 
 
 GRID_P, GRID_M = (2, 4, 8), (4, 8, 16, 32)       # the (p, m) of chapter 4's bubble table
@@ -186,6 +246,7 @@ def load_balance(profile: Profile) -> dict[str, Exercise]:
     p, m = asked_pipeline(profile)
     under = next(k for k in range(1, 1_000_000) if P.bubble_fraction(p, k) < 0.10)
     return {
+        "busiest": busiest(profile),
         "bubble": Exercise(
             "bubble", f"A pipeline of p={p} stages runs m={m} micro-batches per step (1F1B). What share of the step "
             "does each GPU sit idle in the bubble?", "%", lambda: 100 * P.bubble_fraction(p, m),
@@ -199,6 +260,25 @@ def load_balance(profile: Profile) -> dict[str, Exercise]:
             f"still leaves {p - 1}/{5 * p - 1} = {100 * P.bubble_fraction(p, 4 * p):.3g} %, and (p-1)/(5p-1) tends "
             "to 20 % for deep pipelines.", rel_tol=0.15),
     }
+
+
+def busiest(profile: Profile) -> Exercise:
+    """Chapter 4's capacity-factor question: the fewest tokens per rank at which a capacity factor drops nothing
+    (the chapter shows the load at given tokens, not the tokens a load allows), on the plan or DeepSeek-V3's."""
+    from preflight.chapters import moe_tables as M
+
+    subject, words = M.moe_profile(profile)
+    t, e = subject.training, subject.model.expert_spec
+    c = 1.2 if t.moe_capacity_factor == 1.1 else 1.1
+    return Exercise(
+        "busiest", f"Take {words}: {t.ep} expert-parallel ranks, top-{e.top_k}, routing balanced on average, "
+        f"{M.tokens_per_rank(subject):,.0f} tokens per rank per micro-batch. A capacity factor of {c:g} drops what a "
+        f"rank receives beyond {c:g}x the mean. Down to how few tokens per rank does the busiest rank drop nothing?",
+        "tokens", lambda: M.tokens_for_load(c, t.ep, e.top_k),
+        f"The busiest of ep ranks receives 1 + sqrt(2 ln ep) / sqrt(tokens x k) times the mean (a binomial maximum; "
+        f"a balanced router balances the mean, not this spread): it stays under {c:g} while tokens >= 2 ln ep / "
+        f"(k ({c:g} - 1)^2). The spread falls as 1/sqrt(tokens): small micro-batches (or many ranks) make the "
+        "busiest rank wait, or drop.", rel_tol=0.3, log=True)
 
 
 WEEK_DAYS = 7

@@ -11,9 +11,9 @@ One module per chapter, named as the chapter (``preflight.chapters.registry``: `
 ``data_pipeline``, ``communication``, ``load_balance``, ``fault_tolerance``)
 over the shared pattern in ``core``; everything is importable from ``preflight.widgets``.
 """
-from preflight.widgets.baseline import amdahl_explorer, layout_explorer, memory_explorer  # noqa: F401
-from preflight.widgets.communication import allreduce_explorer  # noqa: F401
+from preflight.widgets.baseline import amdahl_explorer, fp8_explorer, layout_explorer, memory_explorer  # noqa: F401
+from preflight.widgets.communication import a2a_explorer, allreduce_explorer  # noqa: F401
 from preflight.widgets.core import _log_slider, explorer, readout  # noqa: F401
 from preflight.widgets.data_pipeline import listing_explorer, supply_explorer  # noqa: F401
 from preflight.widgets.fault_tolerance import failure_explorer, interval_explorer  # noqa: F401
-from preflight.widgets.load_balance import bubble_explorer, straggler_explorer  # noqa: F401
+from preflight.widgets.load_balance import bubble_explorer, busiest_explorer, straggler_explorer  # noqa: F401

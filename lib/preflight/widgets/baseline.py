@@ -161,3 +161,54 @@ def layout_explorer(profile, result: dict, top: int = 8) -> W.VBox:
         return readout(values), charts.layouts_chart(ranked[:top], own, efficiency)
 
     return explorer(controls, compute, title="Layout advisor: which tp x pp x dp, ZeRO stage and recompute")
+
+
+def fp8_explorer(profile, gpu_key: str | None = None) -> W.VBox:
+    """Chapter 1's fp8 explorer: the chip, the scaling recipe and the sequence length -> the step in bf16, with
+    fp8 GEMMs but no casts, and with the recipe's casts; their ratios beside the GEMMs' own 2x (the peaks'
+    ratio). Every number is ``preflight.chapters.fp8_recipes.recipe_row`` (the step model) on the profile's
+    plan with those three changed; a recipe the chip cannot run says why."""
+    import pandas as pd
+
+    from preflight.chapters import fp8_recipes as F
+    from preflight.core import hardware
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    chips = [k for k, c in hardware.CHIPS.items() if c.fp8_tflops and c.bf16_tflops]
+    start = F.chip_key(profile, gpu_key)
+    start = start if start in chips else "H100-SXM"
+    seqs = sorted({2 ** k for k in range(10, 18)} | {profile.model.seq_len})
+    controls = {
+        "chip": W.Dropdown(options=chips, value=start, description="GPU", style=style, layout=layout),
+        "recipe": W.Dropdown(options=list(F.RECIPES), value=profile.training.fp8_recipe, description="fp8 recipe",
+                             style=style, layout=layout),
+        "seq_len": W.SelectionSlider(options=seqs, value=profile.model.seq_len, description="sequence length",
+                                     style=style, layout=layout),
+    }
+
+    def compute(chip, recipe, seq_len):
+        q = profile.model_copy(update={"cluster": profile.cluster.model_copy(update={"gpu": chip}),
+                                       "model": profile.model.model_copy(update={"seq_len": seq_len})})
+        rows = [F.recipe_row(q, x) for x in F.RECIPES]
+        r = next(x for x in rows if x["recipe"] == recipe)
+        if r["why_not"]:
+            values = {"why_not": (f"{recipe} on {chip}", r["why_not"])}
+        else:
+            values = {
+                "gemm_gain": ("a GEMM alone: the fp8 peak over the bf16 peak", f"{r['gemm_gain']:.2f}x"),
+                "bf16_step": ("step in bf16", f"{r['bf16_step_s']:.3g} s"),
+                "no_casts": ("step with fp8 GEMMs, no casts (the rest stays bf16)", f"{r['fp8_no_casts_s']:.3g} s"),
+                "fp8_step": (f"step in fp8, {recipe} casts included", f"{r['fp8_step_s']:.3g} s"),
+                "casts": ("the casts' time per step", f"{r['casts_s']:.3g} s"),
+                "gain_no_casts": ("gain without casts", f"{r['gain_no_casts']:.3f}x"),
+                "gain": ("the real gain: step bf16 / step fp8", f"{r['gain']:.3f}x"),
+            }
+        ok = [x for x in rows if not x["why_not"]]          # the chips offered all run the delayed recipe
+        bars = pd.DataFrame([{"configuration": "a GEMM alone (peak ratio)", "step bf16 / step fp8": ok[0]["gemm_gain"]},
+                             {"configuration": "whole step, no casts", "step bf16 / step fp8": ok[0]["gain_no_casts"]}]
+                            + [{"configuration": f"whole step, {x['recipe']}", "step bf16 / step fp8": x["gain"]}
+                               for x in ok])
+        return readout(values), charts.bars(bars, "step bf16 / step fp8", "configuration", fmt=".2f",
+                                            title=f"fp8's gain on {chip}, sequence {seq_len:,}")
+
+    return explorer(controls, compute, "fp8 by recipe: the real gain")

@@ -66,3 +66,72 @@ def allreduce_explorer(params: float, dp: int, grad_dtype: str, tier: str, compu
                                          f"{nics} NIC{'s' * (nics > 1)} per node")
 
     return explorer(controls, compute, "AllReduce calculator")
+
+
+def a2a_explorer(profile, gpu_key: str | None = None, label: str = "") -> W.VBox:
+    """Chapter 3's MoE explorer: expert-parallel size, node-limited routing, fp8 dispatch, overlap and the NIC
+    speed -> a token's network and NVLink copies, the bytes and time of one MoE layer's all-to-alls
+    (``preflight.models.moe.a2a_layer``), and per step what they total and what compute leaves exposed (the
+    step model). Every number is ``preflight.chapters.moe_tables.a2a_row`` at the sliders' position.
+    ``profile`` must have experts (``moe_tables.moe_profile`` gives an example); ``label`` names it."""
+    import pandas as pd
+
+    from preflight.chapters import moe_tables as M
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    t, c = profile.training, profile.cluster
+    eps = [n for n in M.valid_eps(profile) if n > 1] or [t.ep]
+    most = max(M.domains(profile, n) for n in eps)
+    limits = [("every node", 0)] + [(str(n), n) for n in range(1, max(2, most) + 1)]
+    nics = sorted({100.0, 200.0, 400.0, 800.0, float(c.inter_node_Gbps)})
+    controls = {
+        "ep": W.SelectionSlider(options=eps, value=t.ep if t.ep in eps else eps[-1], description="expert parallel ep",
+                                style=style, layout=layout),
+        "limit": W.Dropdown(options=limits, value=t.moe_node_limit if (t.moe_node_limit or 0) <= most else 0,
+                            description="nodes per token at most", style=style, layout=layout),
+        "fp8": W.Checkbox(value=t.moe_dispatch_fp8, description="fp8 dispatch (combine stays bf16)",
+                          style={"description_width": "initial"}, layout=layout),
+        "overlap": W.Checkbox(value=t.moe_a2a_overlap, description="overlap with another micro-batch (DualPipe)",
+                              style={"description_width": "initial"}, layout=layout),
+        "nic": W.Dropdown(options=[(f"{g:g} Gb/s", g) for g in nics], value=float(c.inter_node_Gbps),
+                          description="NIC speed", style=style, layout=layout),
+    }
+
+    def compute(ep, limit, fp8, overlap, nic):
+        q = profile.model_copy(update={"cluster": c.model_copy(update={"inter_node_Gbps": nic})})
+
+        def row(n):
+            return M.a2a_row(q, ep=n, node_limit=limit or None, fp8_dispatch=fp8, overlap=overlap, gpu_key=gpu_key)
+
+        r = row(ep)
+        values = {
+            "domains": ("NVLink domains the experts span", f"{r['domains']} of {r['gpus_per_domain']} GPUs"),
+            "network_copies": ("network copies of a token per all-to-all", f"{r['network_copies']:.3g}"),
+            "nvlink_copies": ("NVLink copies of a token per all-to-all", f"{r['nvlink_copies']:.3g}"),
+            "count": ("all-to-alls per MoE layer and micro-batch", f"{r['a2a_per_layer']}"),
+            "network_MB": ("across the network, per GPU, layer and micro-batch", f"{r['network_MB']:,.4g} MB"),
+            "nvlink_MB": ("inside the NVLink domain, per GPU, layer and micro-batch", f"{r['nvlink_MB']:,.4g} MB"),
+            "layer_ms": ("one layer's all-to-alls (the slower link sets it)", f"{r['layer_ms']:.3g} ms"),
+        }
+        if r["step_s"] is not None:
+            values.update({
+                "a2a_all_s": ("all-to-alls per step, all of them", f"{r['a2a_all_s']:.3g} s"),
+                "a2a_exposed_s": ("exposed (compute does not hide it)", f"{r['a2a_exposed_s']:.3g} s"),
+                "compute_s": ("compute per step", f"{r['compute_s']:.3g} s"),
+                "share": ("exposed all-to-all, share of the step", f"{r['exposed_share']:.1%} of {r['step_s']:.3g} s"),
+            })
+        y = "seconds per step" if r["step_s"] is not None else "MB per layer"
+        series = ({"all-to-all, all": "a2a_all_s", "all-to-all, exposed": "a2a_exposed_s", "compute": "compute_s"}
+                  if r["step_s"] is not None else {"network": "network_MB", "NVLink": "nvlink_MB"})
+        rows = []
+        for n in eps:
+            rn = row(n)
+            rows += [{"ep": n, y: rn[key], "curve": name} for name, key in series.items()]
+        chart = charts.curves(pd.DataFrame(rows), "ep", y, "curve", mark_x=ep, log_y=False, x_format="~g",
+                              x_title="expert-parallel GPUs ep",
+                              title=f"MoE all-to-alls over ep{f' ({label})' if label else ''}: "
+                                    f"{'every node' if not limit else f'at most {limit} nodes'}, "
+                                    f"{'fp8' if fp8 else 'bf16'} dispatch, {'overlapped' if overlap else 'blocking'}")
+        return readout(values), chart
+
+    return explorer(controls, compute, "All-to-all explorer" + (f": {label}" if label else ""))

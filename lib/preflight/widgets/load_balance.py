@@ -119,6 +119,57 @@ def straggler_explorer(gpus: int, cv: float = 0.02) -> W.VBox:
     return explorer(controls, compute, "Straggler explorer: a synchronous step waits for the slowest rank")
 
 
+
+def busiest_explorer(tokens: float, ep: int, top_k: int, capacity_factor: float | None = None, label: str = "") -> W.VBox:
+    """Chapter 4's MoE explorer: tokens per rank (``b s / cp``), expert-parallel ranks, top-k and the capacity
+    factor -> the mean copies a rank receives, the busiest rank's load over that mean, what every rank waits
+    for, the share the busiest drops, and the fewest tokens at which the cap drops nothing. Every number is
+    ``preflight.models.moe.busiest_rank_load`` (through ``preflight.chapters.moe_tables``); the chart draws
+    the load over tokens per rank, dropless and capped."""
+    import pandas as pd
+
+    from preflight.chapters import moe_tables as M
+    from preflight.widgets.core import _log_slider
+
+    style, layout = {"description_width": "170px"}, W.Layout(width="520px")
+    eps = sorted({2 ** k for k in range(1, 11)} | {ep})
+    ks = sorted({1, 2, 4, 6, 8, 16} | {top_k})
+    caps = [("dropless", 0.0)] + [(f"{c:g}", c) for c in sorted({1.0, 1.1, 1.25, 1.5, 2.0} | {capacity_factor or 1.25})]
+    controls = {
+        "tokens": _log_slider(tokens, 1, 1e6, "tokens per rank (b s / cp)"),
+        "ep": W.SelectionSlider(options=eps, value=ep, description="expert-parallel ranks", style=style, layout=layout),
+        "top_k": W.SelectionSlider(options=ks, value=top_k, description="experts per token k", style=style,
+                                   layout=layout),
+        "cap": W.Dropdown(options=caps, value=capacity_factor or 0.0, description="capacity factor", style=style,
+                          layout=layout),
+    }
+
+    def compute(tokens, ep, top_k, cap):
+        c = cap or None
+        b = M.busiest_row(tokens, ep, top_k, c)
+        values = {
+            "mean": ("token copies a rank receives on average (tokens x k)", f"{b['mean_tokens']:,.0f}"),
+            "load": ("the busiest rank's, over the mean", f"{b['load']:.3f}x"),
+            "wait": ("what every rank waits for (capped at c)", f"{b['wait']:.3f}x"),
+            "dropped": ("share the busiest rank drops", "none (dropless)" if c is None else f"{b['dropped']:.1%}"),
+        }
+        if c is not None and c > 1:
+            values["no_drop"] = (f"fewest tokens per rank at which c = {c:g} drops nothing",
+                                 f"{M.tokens_for_load(c, ep, top_k):,.0f}")
+        grid = [10 ** (k / 4) for k in range(0, 25)]
+        rows = [{"tokens per rank": n, "busiest / mean": M.busiest_row(n, ep, top_k)["load"], "curve": "dropless: load"}
+                for n in grid]
+        if c is not None:
+            rows += [{"tokens per rank": n, "busiest / mean": M.busiest_row(n, ep, top_k, c)["wait"],
+                      "curve": f"capacity {c:g}: wait"} for n in grid]
+        chart = charts.curves(pd.DataFrame(rows), "tokens per rank", "busiest / mean", "curve", mark_x=tokens,
+                              log_y=True, y_format=".2f",
+                              title=f"The busiest of {ep} expert-parallel ranks, top-{top_k}"
+                                    + (f" ({label})" if label else ""))
+        return readout(values), chart
+
+    return explorer(controls, compute, "Busiest expert explorer" + (f": {label}" if label else ""))
+
 # -- chapter 5: failures and checkpoint intervals ----------------------------------------------------
 # Numbers are written the way people read them: three significant digits, thousands separators, no
 # scientific notation except for probabilities per node-day (1.0e-4), durations in the unit that fits.
