@@ -450,6 +450,53 @@ if interactive and not isinstance(advice, str) and advice["fitting"]:
     display(layout_explorer(prof, advice))
 
 # %% [markdown]
+# ## 9. fp8: the real gain, by recipe
+#
+# **The saying:** "fp8 doubles throughput". The fp8 peak is twice the bf16 one on Hopper and Blackwell
+# (H100 SXM: 1,979 vs 989.5 dense TFLOP/s), so one large GEMM whose operands are already in fp8 does run
+# about 2x faster. **The measured truth** is far below: torchtitan's Float8 on Llama 3.1 8B (H100, FSDP +
+# torch.compile) went from 6,667 to 8,532 tokens/s per GPU, **+28 %** (+29 % on 128 GPUs); Megatron-Bridge's
+# DeepSeek-V3 tables give **1.13-1.28x** from BF16 to FP8. Why, in the step model's terms:
+#
+# - only the linear layers' three GEMMs (forward, input gradient, weight gradient) run in fp8; attention's
+#   batched matmuls, norms, activations, communication and the serial part stay as they were: Amdahl on
+#   the GEMMs' share of the step;
+# - every GEMM operand is first cast to fp8, a memory-bound pass whose bytes depend on the **recipe**:
+#   delayed scaling (Transformer Engine) takes the amax from history, current scaling (torchao's tensorwise
+#   and rowwise) reads the tensor once more for it, blockwise (DeepSeek-V3) and MXFP8 (Blackwell only)
+#   write a scale per block in the same pass.
+#
+# So 2x holds for GEMMs alone, at large shapes, with their inputs already quantised. The table times your
+# plan three ways with the one step model (`preflight.chapters.fp8_recipes`): bf16, fp8 GEMMs without the
+# casts, fp8 with the recipe's casts. Predict first.
+
+# %%
+ask(EX["fp8"])
+prediction_fp8 = None       # your answer
+
+# %%
+from preflight.chapters import fp8_recipes as F8
+
+fp8_plan, fp8_words = F8.fp8_subject(prof, ch.gpu_key)
+print(f"Timed by the step model on {fp8_words}.")
+rt = F8.recipe_table(fp8_plan, ch.gpu_key)
+ch.table(pd.DataFrame({"recipe": rt["recipe"] + ": " + rt["words"], "step bf16 (s)": rt["bf16_step_s"],
+                       "fp8 GEMMs, no casts (s)": rt["fp8_no_casts_s"], "fp8 with casts (s)": rt["fp8_step_s"],
+                       "a GEMM alone": rt["gemm_gain"], "step, no casts": rt["gain_no_casts"],
+                       "the real gain": rt["gain"], "cannot run because": rt["why_not"].fillna("")}))
+print("Measured, bf16 -> fp8 on the same layout (tokens/s per GPU):")
+ch.table(F8.measured_table()[["run", "bf16", "fp8", "gain", "source"]])
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import fp8_explorer
+    display(fp8_explorer(fp8_plan, ch.gpu_key))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
 # ## Check your predictions
 #
 # The questions you answered before the sliders, computed with the library on your plan: how far off
@@ -460,6 +507,9 @@ check(EX["amdahl"], prediction_amdahl, reveal=not interactive)
 
 # %%
 check(EX["model_states"], prediction_model_states, reveal=not interactive)
+
+# %%
+check(EX["fp8"], prediction_fp8, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces

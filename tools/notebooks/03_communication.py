@@ -368,6 +368,56 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
         "GPUDirect RDMA, or a fallback to NET/Socket), rings, trees, channels and the path of every peer.")
 
 # %% [markdown]
+# ## 5. Mixture of experts: the all-to-all
+#
+# An MoE layer sends every token's hidden state (h values) to the GPUs of its k experts and back: dispatch
+# and combine forward, the same two backward (and the forward pair again under full recompute). With `ep`
+# expert-parallel GPUs in d NVLink domains a copy leaves its domain with probability (d−1)/d, so each token
+# puts **k·(d−1)/d copies on the network** per all-to-all, k·(ep/d − 1)/ep more on NVLink
+# (`preflight.models.moe.a2a_layer`). DeepSeek-V3 (64-way expert parallelism over 8 nodes, top-8) pulls
+# three levers:
+#
+# - **node-limited routing**: a token's experts sit on at most M = 4 nodes; it is sent once to each and
+#   forwarded there over NVLink: min(k, M)·(d−1)/d copies, **8·7/8 = 7 becomes 4·7/8 = 3.5**;
+# - **fp8 dispatch**: the forward dispatch moves 1 + 4/128 bytes per value instead of 2 (the combine and
+#   the backward stay bf16);
+# - **overlap** (DualPipe): one micro-batch's all-to-alls run under another's compute; only what exceeds
+#   that compute shows in the step (the step model's `a2a_s` term; `training.moe_a2a_overlap`).
+#
+# The tables add the levers one at a time, then vary ep: inside one NVLink domain nothing crosses the
+# network. A dense plan has no all-to-all: the section then shows DeepSeek-V3's profile and says so.
+
+# %%
+from preflight.chapters import moe_tables as MOE
+
+moe_plan, moe_words = MOE.moe_profile(prof)
+moe_key = ch.gpu_key if moe_plan is prof else None       # the example keeps its own GPU
+print(f"The all-to-alls of {moe_words}.")
+
+# %%
+ask(EX["a2a"])
+prediction_a2a = None       # your answer
+
+# %%
+A2A_COLUMNS = {"ep": "ep", "domains": "NVLink domains", "routing": "routing", "fp8_dispatch": "fp8 dispatch",
+               "overlap": "overlap", "network_copies": "network copies per token", "network_MB": "network MB",
+               "nvlink_MB": "NVLink MB", "a2a_all_s": "all-to-all per step (s)",
+               "a2a_exposed_s": "exposed per step (s)", "step_s": "step (s)"}
+ladder = MOE.a2a_ladder(moe_plan, moe_key)
+print("MB per GPU, MoE layer and micro-batch; seconds per step (the step model):")
+ch.table(ladder[["lever"] + list(A2A_COLUMNS)].rename(columns=A2A_COLUMNS))
+ch.table(MOE.a2a_table(moe_plan, gpu_key=moe_key)[list(A2A_COLUMNS)].rename(columns=A2A_COLUMNS))
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import a2a_explorer
+    display(a2a_explorer(moe_plan, moe_key, label=moe_plan.project))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
 # ## Check your predictions
 #
 # The questions you answered before the sliders, computed with the library on your plan: how far off
@@ -378,6 +428,9 @@ check(EX["volume"], prediction_volume, reveal=not interactive)
 
 # %%
 check(EX["time"], prediction_time, reveal=not interactive)
+
+# %%
+check(EX["a2a"], prediction_a2a, reveal=not interactive)
 
 # %% [markdown]
 # ## Your job's traces

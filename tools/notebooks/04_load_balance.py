@@ -333,6 +333,46 @@ else:
     C.add_measured_findings(ch.findings, padm, bub, part)
 
 # %% [markdown]
+# ## 6. The busiest expert and the capacity factor
+#
+# A mixture-of-experts layer waits for its **busiest** expert-parallel rank: the all-to-all and the expert
+# GEMMs end when the rank that received the most tokens is done. A balancing loss (or DeepSeek-V3's
+# loss-free bias) balances the **mean**; routing still spreads like a binomial around it. Each of `ep`
+# ranks receives tokens·k copies on average and the busiest about **1 + √(2 ln ep) / √(tokens·k)** times
+# that (`preflight.models.moe.busiest_rank_load`): the spread falls as 1/√tokens, so small micro-batches
+# and many ranks make everyone wait. A **capacity factor** c (GShard; Megatron's
+# `--moe-expert-capacity-factor`) caps each rank at c times the mean and **drops** the rest: the wait
+# stops at c, the busiest rank loses 1 − c/load of its tokens (a quality cost). Dropless (Megatron's
+# default, DeepSeek-V3) waits instead. The table gives the load at a few token counts and what each
+# capacity factor drops; the finding `load_balance/busiest_expert` judges your plan's. A dense plan: the
+# section shows DeepSeek-V3's and says so.
+
+# %%
+from preflight.chapters import moe_tables as MOE
+
+moe_plan, moe_words = MOE.moe_profile(prof)
+print(f"The busiest expert-parallel rank of {moe_words}: ep={moe_plan.training.ep}, "
+      f"top-{moe_plan.model.top_k}, {MOE.tokens_per_rank(moe_plan):,.0f} tokens per rank per micro-batch.")
+
+# %%
+ask(EX["busiest"])
+prediction_busiest = None       # your answer
+
+# %%
+bw = MOE.busiest_wide(moe_plan)
+ch.table(bw.assign(**{c: bw[c].map(percent) for c in bw if c.startswith("dropped")}))
+
+# %%
+if interactive:
+    from IPython.display import display
+
+    from preflight.widgets import busiest_explorer
+    display(busiest_explorer(MOE.tokens_per_rank(moe_plan), moe_plan.training.ep, moe_plan.model.top_k,
+                             moe_plan.training.moe_capacity_factor, label=moe_plan.project))
+else:
+    print("Sliders: open this chapter in JupyterLab (make lab).")
+
+# %% [markdown]
 # ## Check your predictions
 #
 # The questions you answered before the sliders, computed with the library on your plan: how far off
@@ -343,6 +383,9 @@ check(EX["bubble"], prediction_bubble, reveal=not interactive)
 
 # %%
 check(EX["bubble_m"], prediction_bubble_m, reveal=not interactive)
+
+# %%
+check(EX["busiest"], prediction_busiest, reveal=not interactive)
 
 # %% [markdown]
 # ## Stragglers: a synchronous step waits for the slowest rank
