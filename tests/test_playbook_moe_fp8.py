@@ -318,3 +318,27 @@ def test_notebooks_ask_before_the_explorer_and_check_after(stem, key, explorer):
     check = next(i for i, c in enumerate(code) if f'check(EX["{key}"]' in c)
     assert ask < shown < check
     assert re.search(rf"^prediction_{key} = None", code[ask], re.M)
+
+
+@pytest.mark.parametrize("name", ["a2a", "busiest_capped", "fp8"])
+def test_explorer_charts_pass_the_vega_lite_schema(name, ds, example, monkeypatch):
+    from preflight.reporting import charts
+    from test_slider_ranges import _check, _ends
+
+    monkeypatch.setattr(charts, "VALIDATE", True)
+    box = _explorers(ds, example)[name]()
+    for c in box.children[1].children:
+        c.value = _ends(c)[-1]
+    _check(box, name, "far ends")
+
+
+def test_the_notebooks_explorer_calls_run_on_a_dense_plan(example):
+    """The chapters' display cells, as written, on the example (dense: the DeepSeek-V3 profile stands in)."""
+    from preflight import widgets
+
+    moe_plan, _ = M.moe_profile(example)
+    for box in (widgets.a2a_explorer(moe_plan, None, label=moe_plan.project),
+                widgets.busiest_explorer(M.tokens_per_rank(moe_plan), moe_plan.training.ep, moe_plan.model.top_k,
+                                         moe_plan.training.moe_capacity_factor, label=moe_plan.project),
+                widgets.fp8_explorer(F.fp8_subject(example, "H100-SXM")[0], "H100-SXM")):
+        assert box.children[3].value.startswith("<svg") and "Error" not in box.children[2].value
