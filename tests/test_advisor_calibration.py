@@ -33,12 +33,14 @@ def test_the_recorded_errors_are_the_codes():
 
 
 def test_held_out_error_is_reported_and_bounded():
-    """Leave one family out, as recorded (issue 41 asks for 8 %: not reached, said in the docs)."""
+    """Leave one family out, as recorded: every fit row predicted by constants fitted without its family,
+    median error at most 8 % (issue 41's bar), four in five within 20 %."""
     lofo = RECORD["leave_one_family_out"]["summary"]
-    assert lofo["rows"] == RECORD["in_sample"]["summary"]["rows"] == 53
-    assert lofo["median_abs_error"] <= 0.12 and lofo["within_20"] >= 0.8
+    fit_rows = len(C.load(("published", "bridge")))
+    assert lofo["rows"] == RECORD["in_sample"]["summary"]["rows"] == fit_rows >= 73
+    assert lofo["median_abs_error"] <= 0.08 and lofo["within_20"] >= 0.8
     fams = {r["family"] for r in RECORD["leave_one_family_out"]["rows"]}
-    assert len(fams) >= 15
+    assert len(fams) >= 20
     held = {r["family"].split("/")[0] for r in RECORD["held_out"]["rows"]}
     assert not held & {r["family"].split("/")[0] for r in RECORD["in_sample"]["rows"]}
 

@@ -38,7 +38,8 @@ def test_every_profile_validates_and_every_row_has_a_family_and_a_figure(folder)
 
 
 def test_the_families_name_the_profiles_chip_and_precision():
-    chips = {"H800": "H100-SXM", "H100": "H100-SXM", "H200": "H200-SXM", "B200": "B200", "GB200": "GB200"}
+    chips = {"H800": "H100-SXM", "H100": "H100-SXM", "H200": "H200-SXM", "B200": "B200", "GB200": "GB200",
+             "B300": "B300", "GB300": "GB300"}
     for row in runs("bridge") + runs("heldout"):
         profile = load_profile(row["profile"])
         _, chip, precision = row["family"].split("/")

@@ -155,20 +155,66 @@ def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan():
 
 
 def test_moe_activations_keep_the_routed_tokens():
-    """A MoE layer keeps each token's k permuted copies (the experts' inputs) and the k expert outputs for the
-    weighted combine's backward: 2 k s b h elements; on DeepSeek-V3's stage (58 of 61 layers MoE, top-8) that
-    is 16 sbh more per layer, +83 % over the layer's other tensors (issue 41's review: +41-83 %)."""
+    """A MoE layer keeps each token's k permuted copies (the experts' inputs, k s b h elements; in fp8 under fp8,
+    Transformer Engine keeps a GEMM's quantised input). The expert outputs are not kept for the combine:
+    Megatron-Core multiplies the router's probabilities inside the experts' activation
+    (``activation_func_with_probs``), so the combine is an unweighted unpermute (issue 41's review counted them:
+    its +41-83 % holds for an implementation that weights at the combine). On DeepSeek-V3's stage without
+    recompute (58 of 61 layers MoE, top-8) the routed tokens are 8 sbh bytes a layer in fp8; with Megatron's
+    selective recompute modules the norm outputs, q, k, v and the experts' activation output go."""
     from conftest import REPO
     from preflight.chapters import memory_plan as MP
     from preflight.core.profile import load_profile
     from preflight.models import memory as M
 
     p = load_profile(REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml")
-    plan = MP.plan_of(p)
-    parts = {name: b for name, b, _ in M.layer_parts(plan)}
-    routed = next(b for name, b in parts.items() if name.startswith("MoE: permuted"))
-    assert routed == pytest.approx(58 / 61 * 2 * 8 * 2 * 4096 * 1 * 7168)
-    others = sum(b for name, b in parts.items() if not name.startswith("MoE: permuted"))
-    assert 0.41 <= routed / others <= 0.9
-    full = MP.plan_of(p, recompute="full")
-    assert not any(name.startswith("MoE: permuted") for name, _, _ in M.layer_parts(full))
+    bare = MP.plan_of(p, recompute="none", recompute_modules=())
+    parts = {name: b for name, b, _ in M.layer_parts(bare)}
+    routed = parts["MoE: permuted expert inputs (k sbh)"]
+    assert routed == pytest.approx(58 / 61 * 8 * 1 * 4096 * 1 * 7168)
+    bf16 = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p, recompute="none", recompute_modules=(), fp8=False))}
+    assert bf16["MoE: permuted expert inputs (k sbh)"] == pytest.approx(2 * routed)
+    assert not any(name.startswith("MoE: permuted") for name, _, _ in M.layer_parts(MP.plan_of(p, recompute="full")))
+    mods = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p))}
+    assert "q, k, v" not in mods and not any(n.startswith("QKV input") for n in mods)
+    assert M.total_bytes(MP.plan_of(p)) < 0.8 * M.total_bytes(bare)
+    # the modules only act under selective recompute
+    assert M.layer_parts(MP.plan_of(p, recompute="none")) == M.layer_parts(bare)
+
+
+def test_recompute_modules_are_validated_and_named():
+    """Megatron's --recompute-modules act only under selective recompute; mla_up_proj needs latent attention.
+    A bad choice is refused naming the field."""
+    from conftest import example_with
+    from preflight.core.profile import parse_profile
+
+    with pytest.raises(ValueError, match="training.recompute_modules"):
+        parse_profile(example_with(training__recompute_modules=["layernorm"], training__activation_recompute="none"))
+    with pytest.raises(ValueError, match="mla_up_proj"):
+        parse_profile(example_with(training__recompute_modules=["mla_up_proj"], training__activation_recompute="selective"))
+    with pytest.raises(ValueError):
+        parse_profile(example_with(training__recompute_modules=["everything"], training__activation_recompute="selective"))
+    ok = parse_profile(example_with(training__recompute_modules=["layernorm", "mlp"], training__activation_recompute="selective"))
+    assert ok.training.recompute_modules == ["layernorm", "mlp"]
+
+
+def test_fp8_keeps_gemm_inputs_in_one_byte_and_modules_drop_their_tensors():
+    """A dense layer (flash, SwiGLU, no dropout, no recompute): 4 e sbh of norm inputs and outputs, q k v, the
+    projection input e sbh, 4 e s b f of MLP. Under fp8 the GEMM inputs (norm outputs, projection input, the
+    down projection's input) are kept at 1 byte; layernorm drops the norm outputs, mlp the MLP's tensors."""
+    from preflight.models import memory as M
+
+    base = dict(params=7e9, layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, mlp="swiglu",
+                ffn_hidden=11008, dropout=0.0, attention="flash")
+    s, h, f = 4096, 4096, 11008
+    bf16 = {n: b for n, b, _ in M.layer_parts(M.Plan(**base))}
+    fp8 = {n: b for n, b, _ in M.layer_parts(M.Plan(**base, fp8=True))}
+    assert bf16["norm inputs (2)"] == fp8["norm inputs (2)"] == 2 * 2 * s * h
+    assert bf16["QKV input, MLP input (norm outputs)"] == 2 * 2 * s * h
+    assert fp8["QKV input, MLP input (norm outputs, fp8)"] == 2 * 1 * s * h
+    assert fp8["attention output (projection input)"] == 1 * s * h
+    mlp = next(k for k in fp8 if k.startswith("MLP ("))
+    assert bf16[mlp] == 4 * 2 * s * f and fp8[mlp] == (3 * 2 + 1) * s * f
+    sel = {n: b for n, b, _ in M.layer_parts(M.Plan(**base, recompute="selective",
+                                                    recompute_modules=("layernorm", "mlp")))}
+    assert not any(n.startswith(("QKV input", "MLP (")) for n in sel)

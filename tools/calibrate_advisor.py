@@ -130,7 +130,8 @@ def markdown(record: dict) -> str:
     of each fit family predicted by constants fitted without it, beside its in-sample error."""
     pct = lambda x: f"{x * 100:.1f} %"
     lines = ["| | rows | median \\|predicted / published - 1\\| | within +-20 % | median ratio |", "|---|---|---|---|---|"]
-    for key, words in (("in_sample", "in-sample (fit on all 53)"), ("leave_one_family_out", "**leave one family out**"),
+    n_fit = record["in_sample"]["summary"]["rows"]
+    for key, words in (("in_sample", f"in-sample (fit on all {n_fit})"), ("leave_one_family_out", "**leave one family out**"),
                        ("held_out", "held out (never fitted: older Bridge, torchtitan, DeepSeek-V3)")):
         sm = record[key]["summary"]
         lines.append(f"| {words} | {sm['rows']} | {pct(sm['median_abs_error'])} | {pct(sm['within_20'])} | "

@@ -88,7 +88,12 @@ SYSTEMS = {
                  "cut to 400 GB/s both ways (~160 GB/s achievable one way, the report's Section 3.2.2), so H100-SXM "
                  "with intra_node_GBps 160; InfiniBand 400 Gb/s per GPU (~50 GB/s, the report)"),
 }
-SKIP_CHIPS = {"DGX-GB300": "GB300", "DGX-B300": "B300"}
+SYSTEMS.update({
+    "DGX-GB300": dict(gpu="GB300", gpn=4, intra=900, inter=800, note="DGX GB300 NVL72: 4 GPUs per compute tray, 72 "
+                      "per NVLink domain, NVLink 5 900 GB/s one way, ConnectX-8 800 Gb/s per GPU"),
+    "DGX-B300": dict(gpu="B300", gpn=8, intra=900, inter=800, note="DGX B300: 8 GPUs, NVLink 5 900 GB/s one way, "
+                     "ConnectX-8 800 Gb/s per GPU"),
+})
 
 # fp8 recipes by the sources' precision names: Megatron-Bridge's FP8 is fp8_cs (Transformer Engine
 # Float8CurrentScaling, one scale per tensor from the current amax = tensorwise; scripts/performance README),
@@ -120,6 +125,28 @@ FIT = [
     ("26.06", "llama3-70b", "DGX-GB200", 32, "FP8", 32, 1, 4096, 0, 1, 8, 1, 10, None, 3864, {"task": "sft"}),
     ("26.06", "llama3-70b", "DGX-GB200", 32, "MXFP8", 32, 1, 4096, 0, 1, 8, 1, 10, None, 3593, {"task": "sft"}),
     ("26.06", "llama3-70b", "DGX-H100", 32, "FP8", 32, 1, 4096, 0, 4, 4, 1, 5, None, 1638, {"task": "sft"}),
+    # Blackwell Ultra (GB300 NVL72, DGX B300), the same three releases
+    ("26.08", "deepseek-v3", "DGX-GB300", 256, "MXFP8", 4096, 1, 4096, 0, 1, 2, 1, 8, 32, 6288),
+    ("26.08", "gpt-oss-120b", "DGX-GB300", 64, "MXFP8", 1280, 4, 4096, 0, 1, 1, 1, None, 16, 33024),
+    ("26.08", "qwen3-30b-a3b", "DGX-GB300", 8, "MXFP8", 512, 8, 4096, 0, 1, 1, 1, None, 8, 44544),
+    ("26.08", "qwen3-235b-a22b", "DGX-GB300", 256, "MXFP8", 8192, 2, 4096, 0, 1, 4, 1, 12, 32, 8816),
+    ("26.06.01", "deepseek-v3", "DGX-GB300", 256, "MXFP8", 4096, 1, 4096, 0, 1, 2, 1, 8, 32, 6304),
+    ("26.06.01", "gpt-oss-120b", "DGX-GB300", 64, "MXFP8", 1280, 4, 4096, 0, 1, 1, 1, None, 16, 20288,
+     {"note": "the source's footnote: a performance regression (cudnn-frontend issue 256), fixed in the next release"}),
+    ("26.06.01", "qwen3-30b-a3b", "DGX-GB300", 8, "MXFP8", 512, 8, 4096, 0, 1, 1, 1, None, 8, 44544),
+    ("26.06.01", "qwen3-235b-a22b", "DGX-GB300", 256, "MXFP8", 8192, 2, 4096, 0, 1, 4, 1, 12, 32, 9008),
+    ("26.06", "llama31-405b", "DGX-GB300", 256, "FP8", 1536, 1, 8192, 0, 4, 8, 1, 4, None, 1048),
+    ("26.06", "llama31-405b", "DGX-GB300", 256, "MXFP8", 1536, 1, 8192, 0, 2, 8, 2, 4, None, 952),
+    ("26.06", "deepseek-v3", "DGX-GB300", 256, "MXFP8", 4096, 1, 4096, 0, 1, 2, 1, 8, 32, 6338),
+    ("26.06", "deepseek-v3", "DGX-GB300", 256, "MXFP8", 15360, 1, 4096, 0, 1, 2, 1, 8, 32, 6422, {"suffix": "gbs15360"}),
+    ("26.06", "gpt-oss-120b", "DGX-GB300", 64, "MXFP8", 1280, 4, 4096, 0, 1, 1, 1, None, 16, 33166),
+    ("26.06", "qwen3-30b-a3b", "DGX-GB300", 8, "MXFP8", 512, 8, 4096, 0, 1, 1, 1, None, 8, 45275),
+    ("26.06", "qwen3-235b-a22b", "DGX-GB300", 256, "MXFP8", 8192, 2, 4096, 0, 1, 4, 1, 12, 32, 9015),
+    ("26.06", "llama3-70b", "DGX-GB300", 32, "FP8", 32, 1, 4096, 0, 1, 2, 1, 20, None, 4819, {"task": "sft"}),
+    ("26.06", "llama3-70b", "DGX-GB300", 32, "MXFP8", 32, 1, 4096, 0, 1, 2, 1, 20, None, 4312, {"task": "sft"}),
+    ("26.06", "deepseek-v3", "DGX-B300", 256, "MXFP8", 4096, 2, 4096, 0, 1, 8, 1, None, 8, 3541),
+    ("26.06", "gpt-oss-120b", "DGX-B300", 64, "MXFP8", 1280, 4, 4096, 0, 1, 1, 1, None, 8, 18534),
+    ("26.06", "qwen3-30b-a3b", "DGX-B300", 8, "MXFP8", 512, 8, 4096, 0, 1, 1, 1, None, 8, 40769),
 ]
 
 HELDOUT_BRIDGE = [
@@ -227,18 +254,21 @@ def bridge_recipe(model: str, system: str, prec: str, task: str) -> dict:
     r = dict(recompute="none", a2a=False, rnote="recompute_granularity None", tpo=None)
     if model == "deepseek-v3":
         mods = {("gb200", True): "mla_up_proj", ("gb200", False): "mla_up_proj" if prec == "BF16" else "mlp",
-                ("b200", True): "mla_up_proj, mlp"}.get((chip, mx), "mla_up_proj")
-        r.update(recompute="selective", rnote=f"recompute_granularity selective, recompute_modules [{mods}]",
-                 a2a=mx)  # _enable_deepseek_full_iteration_mxfp8 (GB200) / overlap_moe_expert_parallel_comm (B200)
+                ("b200", True): "mla_up_proj, mlp", ("gb300", True): ""}.get((chip, mx), "mla_up_proj")
+        r.update(recompute="selective" if mods else "none",
+                 rnote=f"recompute_granularity selective, recompute_modules [{mods}]",
+                 a2a=mx)  # _enable_deepseek_full_iteration_mxfp8 (GB200, GB300, B300) / overlap_moe_expert_parallel_comm (B200)
     elif model == "gpt-oss-120b":
-        if chip == "gb200" and mx:
+        if chip in ("gb200", "gb300") and mx:
             r.update(a2a=True, rnote="recompute_granularity selective with recompute_modules [] (nothing "
                      "recomputed), _apply_gpt_oss_120b_full_iter_fp8mx_configs: overlap_moe_expert_parallel_comm")
         else:
             r.update(recompute="selective", a2a=chip == "gb200",
                      rnote="recompute_granularity selective, recompute_modules [layernorm, moe_act]")
     elif model.startswith("qwen3"):
-        r.update(a2a=(mx and chip in ("gb200", "b200")) or (model == "qwen3-235b-a22b" and chip == "h100"))
+        # recipes/qwen/<chip>/qwen3_moe.py and perf_recipes/qwen/<chip>/: expert_tensor_parallel_size = 1
+        r.update(etp=1, rnote="recompute_granularity None, expert_tensor_parallel_size 1 (the Qwen3 MoE recipes)")
+        r.update(a2a=(mx and chip in ("gb200", "b200", "gb300", "b300")) or (model == "qwen3-235b-a22b" and chip == "h100"))
     elif model == "llama3-8b" and chip == "h100":
         r.update(rnote="recompute full, block, 5 of 32 layers in the recipe at the commit (a partial recompute, "
                  "planned as none)")
@@ -260,7 +290,8 @@ def bridge_row(row: tuple, fit: bool) -> dict:
     chip = sysd["gpu"]
     pname = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}[prec]
     rel = release.replace(".", "")
-    name = f"bridge-{rel}-{model}-{chip.split('-')[0].lower()}-{pname}-{gpus}" + ("-sft" if task == "sft" else "")
+    name = (f"bridge-{rel}-{model}-{chip.split('-')[0].lower()}-{pname}-{gpus}" + ("-sft" if task == "sft" else "")
+            + (f"-{extra['suffix']}" if extra.get("suffix") else ""))
     fam_src = f"bridge-{release}" + ("-sft" if task == "sft" else "")
     family = f"{fam_src}/{chip.split('-')[0]}/{pname}"
     archive = "docs/performance-summary.md" if release == "26.08" else "docs/performance-summary-archive.md"
@@ -384,7 +415,7 @@ def profile_of(r: dict) -> dict:
         raise ValueError(f"{r['name']}: global batch {r['gbs']} is not micro-batch {r['mbs']} x dp {dp} x an integer")
     rec, moe = r["rec"], bool(spec["m"].get("experts"))
     cluster = dict(gpu=sysd["gpu"], gpus_per_node=sysd["gpn"], nodes=max(1, gpus // sysd["gpn"]))
-    if r["system"] == "DGX-GB200":
+    if r["system"] in ("DGX-GB200", "DGX-GB300"):
         cluster["nvlink_domain"] = 72 if gpus <= 72 else 64  # a 256-GPU job: 4 racks x 64 (64 EP ranks per domain)
     cluster.update(intra_node_GBps=sysd["intra"], inter_node_Gbps=sysd["inter"])
     if sysd.get("mem"):
@@ -405,7 +436,7 @@ def profile_of(r: dict) -> dict:
         t["cp"] = cp
     if moe:
         t["ep"] = r["ep"] or 1
-        if tp == 1:
+        if tp == 1 or rec.get("etp") == 1:
             t["etp"] = 1
         t["moe_a2a_overlap"] = bool(rec["a2a"])
         if rec.get("dispatch_fp8"):

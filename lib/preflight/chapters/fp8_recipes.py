@@ -94,8 +94,8 @@ def recipe_row(profile: Profile, recipe: str, gpu_key: str | None = None) -> dic
     bf16, fp8 = _training(profile, fp8=False), _training(profile, fp8=True, fp8_recipe=recipe)
     step_bf16 = S.plan_step(bf16, chip).step_s
     step_fp8 = S.plan_step(fp8, chip).step_s
-    no_mem = replace(S.cluster_of(fp8, chip), memory_GBps=None)         # the step model's "casts not timed"
-    no_casts = S.time_layout(fp8, S.layout_of(fp8), no_mem).step_s
+    uncast = replace(S.model_of(fp8), fp8_recipe=None)                  # fp8 GEMMs, their casts not timed
+    no_casts = S.time_layout(fp8, S.layout_of(fp8), S.cluster_of(fp8, chip), model=uncast).step_s
     row.update(gemm_gain=T.fp8_gain(chip, c.fp8_tflops, c.bf16_tflops), bf16_step_s=step_bf16,
                fp8_no_casts_s=no_casts, fp8_step_s=step_fp8, casts_s=step_fp8 - no_casts,
                gain_no_casts=step_bf16 / no_casts, gain=step_bf16 / step_fp8)

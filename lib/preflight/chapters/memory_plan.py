@@ -36,7 +36,7 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, dropout=m.dropout, framework=t.framework,
                   shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None,
                   fp8=t.fp8, moe=m.expert_spec, ep=t.ep, etp=t.etp, cp=t.cp, grad_dtype=t.grad_dtype,
-                  bucket_view=t.gradient_as_bucket_view)
+                  bucket_view=t.gradient_as_bucket_view, recompute_modules=tuple(t.recompute_modules or ()))
     fields.update(changes)
     return M.Plan(**fields)
 

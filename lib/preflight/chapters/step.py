@@ -25,6 +25,7 @@ verdicts on communication, bubble and efficiency are the model's, so ``check`` a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from preflight.core import hardware
@@ -90,9 +91,11 @@ def layout_of(profile: Profile, gpus: int | None = None) -> T.Layout:
                     ep=t.ep, cp=t.cp, etp=t.etp)
 
 
-def time_layout(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None = None) -> T.StepTime:
-    """``throughput.step_time`` of ``lay`` with the profile's model, dtype, serial part, overlap and framework."""
-    return T.step_time(lay, model=model_of(profile), cluster=cluster, efficiency=efficiency,
+def time_layout(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None = None,
+                model: T.Model | None = None) -> T.StepTime:
+    """``throughput.step_time`` of ``lay`` with the profile's model (or ``model``, a variant of it), dtype,
+    serial part, overlap and framework."""
+    return T.step_time(lay, model=model or model_of(profile), cluster=cluster, efficiency=efficiency,
                        grad_dtype=profile.training.grad_dtype, serial_s=profile.training.step_serial_s,
                        overlap=overlap_of(profile), framework=profile.training.framework,
                        shard_gpus=profile.cluster.gpus_per_node if profile.training.shard_group == "node" else None)
@@ -229,12 +232,17 @@ def stage_curve(profile: Profile, gpu_key: str | None = None, measured: dict[int
         return None
     t, c = profile.training, profile.cluster
     unit = t.tp * t.pp * t.cp
-    ns = sorted({n for n in stages(profile.gpus) if n % unit == 0 and (n // unit) % t.ep == 0}
-                | {unit * t.ep, profile.gpus} | set(measured or {}))
+    fold = t.ep * (t.etp or t.tp)                  # MoE parallel folding: ep x etp divides tp x dp x cp
+    first = unit * fold // math.gcd(fold, t.tp * t.cp)
+
+    def whole(n: int) -> bool:
+        return n % unit == 0 and (t.tp * (n // unit) * t.cp) % fold == 0
+
+    ns = sorted({n for n in stages(profile.gpus) if whole(n)} | {first, profile.gpus} | set(measured or {}))
     cluster = cluster_of(profile, key)
     rows = []
     for n in ns:
-        if n % unit or (n // unit) % t.ep:
+        if not whole(n):
             continue
         lay = layout_of(profile, n)
         if t.scaling == "strong":

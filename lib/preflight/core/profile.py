@@ -193,6 +193,9 @@ class Training(_Strict):
     activation_recompute: Literal["none", "selective", "op_selective", "full"] = Field(
         "none", description="none; selective (Megatron: the core attention recomputed); op_selective (torchtitan's "
         "op-level policy: every other matmul and the elementwise ops recomputed); full (each layer's forward again)")
+    recompute_modules: list[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe"]] | None = Field(
+        None, description="with activation_recompute: selective, Megatron's --recompute-modules: what is recomputed "
+        "(core_attn, layernorm, mla_up_proj, moe_act, mlp, moe); empty: core_attn, Megatron's default")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
     framework: Literal["deepspeed", "megatron", "fsdp2", "ddp"] = Field(
         "deepspeed", description="layout of the model states (preflight.models.states): deepspeed 2+2+12 B per "
@@ -317,6 +320,13 @@ class Profile(_Strict):
         if t.cp > 1 and t.framework not in ("megatron", "fsdp2"):
             raise ValueError(f"training.cp = {t.cp}: training.framework = {t.framework} has no ring context parallelism "
                              "(DeepSpeed-Ulysses is an all-to-all over heads, not modelled); accepted: megatron, fsdp2")
+        if t.recompute_modules and t.activation_recompute != "selective":
+            raise ValueError(f"training.recompute_modules = {t.recompute_modules} needs training.activation_recompute = "
+                             f"selective (got {t.activation_recompute!r}): Megatron's --recompute-modules choose what "
+                             "selective recompute recomputes")
+        if t.recompute_modules and "mla_up_proj" in t.recompute_modules and not self.model.qk_head_dim:
+            raise ValueError("training.recompute_modules: mla_up_proj needs a multi-head latent attention model "
+                             "(model.qk_head_dim set, e.g. 192 for DeepSeek-V3)")
         if t.pipeline_schedule == "interleaved" and t.pp > 1 and t.microbatches % t.pp:
             raise ValueError(f"training.microbatches = {t.microbatches} must be a multiple of training.pp = "
                              f"{t.pp} for the interleaved schedule")

@@ -117,6 +117,7 @@ class Plan:
     cp: int = 1                     # context parallelism: each GPU keeps s / cp tokens' activations
     grad_dtype: str | None = None   # the gradients' dtype (states.layout); None: the framework's default
     bucket_view: bool = False       # DDP's gradient_as_bucket_view (one fp32 gradient copy, not two)
+    recompute_modules: tuple[str, ...] = ()   # Megatron's --recompute-modules with selective (RECOMPUTE_MODULES)
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch_size", "tp", "pp",
@@ -207,26 +208,73 @@ def layer_activation_bytes(seq_len: int, micro_batch_size: int, hidden: int, hea
     return _layer(plan)
 
 
+# Megatron's --recompute-modules (with --recompute-granularity selective; default ["core_attn"]): what each
+# drops from a layer's kept tensors (megatron/core/transformer/transformer_config.py). core_attn: the
+# attention scores (flash never keeps them); layernorm: the norms' outputs (the QKV and MLP inputs),
+# recomputed from their inputs; mla_up_proj: MLA's q, k, v, recomputed from the compressed latents (the
+# latents, q_lora_rank + kv_lora_rank + rope = 2,112 values a token on DeepSeek-V3, 3 % of q, k, v, are not
+# counted); moe_act: the experts' activation output, recomputed from the up projection's (kept); mlp: a dense
+# MLP's tensors; moe: a MoE layer's expert tensors and routed tokens. Their recompute time is not in the step
+# model (elementwise passes and MLA's small up projections: a few per cent of a layer).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe")
+FP8_STORED_BYTES = 1    # Transformer Engine keeps an fp8 GEMM's quantised input for its weight gradient
+
+
+def _adjust(parts: list[tuple[str, float, str]], p: Plan, moe_layer: bool) -> list[tuple[str, float, str]]:
+    """One layer's parts under the plan's recompute modules and fp8: GEMM inputs kept at 1 byte."""
+    if p.recompute in ("full", "op_selective"):
+        return parts
+    e, out = A.ELEMENT_BYTES[p.precision], []
+    mods = set(p.recompute_modules) if p.recompute == "selective" else set()
+    g = FP8_STORED_BYTES if p.fp8 else e
+    for name, nbytes, split in parts:
+        if name.startswith("norm inputs (2), QKV input, MLP input"):
+            out.append(("norm inputs (2)", nbytes / 2, split))
+            if "layernorm" not in mods:
+                out.append(("QKV input, MLP input (norm outputs" + (", fp8)" if p.fp8 else ")"), nbytes / 2 * g / e, split))
+        elif name.startswith("q, k, v") and "mla_up_proj" in mods:
+            continue
+        elif name.startswith("attention output"):
+            out.append((name, nbytes * g / e, split))
+        elif name.startswith("MLP ("):
+            if ("moe" if moe_layer else "mlp") in mods:
+                continue
+            tensors = A.MLP_TENSORS[p.mlp]
+            if moe_layer and "moe_act" in mods:   # keep the up projection's output (2 for SwiGLU, 1 for GeLU)
+                tensors = tensors // 2
+                out.append((f"MLP ({p.mlp}): up projection output kept, activation recomputed (moe_act)",
+                            nbytes * tensors / A.MLP_TENSORS[p.mlp], split))
+            else:                                  # the down projection's input is a GEMM input
+                out.append((name, nbytes * (tensors - 1 + g / e) / tensors, split))
+        else:
+            out.append((name, nbytes, split))
+    return out
+
+
 def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
-    """``activations.layer_parts`` for the plan's layer (before tp). A mixture-of-experts layer keeps its
-    MLP's tensors for the ``top_k + shared`` experts each token visits (``(k + s) f_e`` in place of
-    ``ffn``), averaged with the dense layers over the stage."""
-    dense = A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp, p.attention,
-                          p.dropout, p.recompute, p.precision)
+    """``activations.layer_parts`` for the plan's layer (before tp), under its recompute modules and fp8. A
+    mixture-of-experts layer keeps its MLP's tensors for the ``top_k + shared`` experts each token visits
+    (``(k + s) f_e`` in place of ``ffn``), averaged with the dense layers over the stage."""
+    dense = _adjust(A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp,
+                                  p.attention, p.dropout, p.recompute, p.precision), p, False)
     if not p.moe:
         return dense
-    moe = A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv,
-                        (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
-                        p.recompute, p.precision)
+    moe = _adjust(A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv,
+                                (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
+                                p.recompute, p.precision), p, True)
     w = p.moe.moe_layers / p.layers
-    parts = [(name, (1 - w) * a + w * b, split) for (name, a, split), (_, b, _) in zip(dense, moe)]
-    if p.recompute not in ("full",):
-        # the routed tokens themselves (Megatron's token dispatcher, DeepEP): each token's k copies of h
-        # permuted into the experts' inputs, and the k expert outputs kept for the weighted combine's backward
-        e = A.ELEMENT_BYTES[p.precision]
+    names = [n for n, _, _ in dense] + [n for n, _, _ in moe if n not in {d for d, _, _ in dense}]
+    a, b = {n: (x, sp) for n, x, sp in dense}, {n: (x, sp) for n, x, sp in moe}
+    parts = [(n, (1 - w) * a.get(n, (0.0, ""))[0] + w * b.get(n, (0.0, ""))[0], (a.get(n) or b.get(n))[1])
+             for n in names]
+    if p.recompute != "full" and not (p.recompute == "selective" and "moe" in p.recompute_modules):
+        # the routed tokens (Megatron's token dispatcher, DeepEP): each token's k copies of h permuted into
+        # the experts' inputs (a GEMM input: fp8 under fp8). Megatron-Core multiplies the router's
+        # probabilities inside the experts' activation (``activation_func_with_probs``), so the combine is
+        # an unweighted unpermute and keeps no expert output.
         sbh = p.local_seq * p.micro_batch_size * p.hidden
-        parts.append(("MoE: permuted expert inputs and outputs kept for the combine (2 k sbh)",
-                      w * 2 * p.moe.top_k * e * sbh, "sp"))
+        g = FP8_STORED_BYTES if p.fp8 else A.ELEMENT_BYTES[p.precision]
+        parts.append(("MoE: permuted expert inputs (k sbh)", w * p.moe.top_k * g * sbh, "sp"))
     return parts
 
 

@@ -82,11 +82,14 @@ from .moe import a2a_layer as a2a_layer_of
 
 # Share of the dense peak the kernels reach when the layout gives no measured one (--efficiency,
 # --mfu-from): the ceiling per chip generation, calibrated on the published runs (module docstring).
-# Fitted by tools/calibrate_advisor.py on 53 published runs (data/reference/advisor-calibration.json): the
+# Fitted by tools/calibrate_advisor.py on 73 published runs (data/reference/advisor-calibration.json): the
 # four constants below, nothing else. A tokens-per-micro-batch term (T0) and an fp8 kernel share were tried
-# and went: the fit put T0 near 0 and the share at 1 (they helped no held-out family).
-GEMM_CEILING = {"ampere": 0.762, "hopper": 0.561, "blackwell": 0.641}
-GEMM_HIDDEN_HALF = 1919.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
+# and went: the fit put T0 near 0 and the share at 1 (they helped no held-out family). What the shape term
+# does not carry is physics with no free constant: fp8 divides only the math (``fp8_gemm_speedup``), and the
+# elementwise passes stream at the HBM bandwidth (``elementwise_elements``); with them the leave-one-family-
+# out error fell from 10.6 % to under 8 % (docs/advisor-validation.md).
+GEMM_CEILING = {"ampere": 0.727, "hopper": 0.623, "blackwell": 0.758}
+GEMM_HIDDEN_HALF = 1288.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
 DEFAULT_EFFICIENCY = 0.60         # the sliders' starting point, and where a chip's generation is unknown
 ACTIVATION_BYTES = 2              # bf16 activations on the wire (tp all-reduces, pp send/recv)
 TP_ALLREDUCES = {"none": 4, "selective": 4, "op_selective": 4, "full": 6}      # per layer per micro-batch
@@ -118,6 +121,36 @@ def fp8_gain(chip: str | None, fp8_peak: float | None, bf16_peak: float) -> floa
     Blackwell). What keeps the end-to-end gain far below 2x (torchtitan's Float8 +28 %, Megatron-Bridge's
     DeepSeek-V3 1.13-1.28x) is the rest of the step, which stays in bf16, and the casts (``FP8_CAST_BYTES``)."""
     return fp8_peak / bf16_peak if fp8_peak else 1.0
+
+
+def fp8_gemm_speedup(gain: float, shape: float) -> float:
+    """How much faster a GEMM of smaller dimension ``shape`` runs in fp8, when its time is the math at the
+    peak plus the shape's overhead (:func:`gemm_efficiency`: ``t = F / (P E) (1 + H0 / h)``): fp8 divides the
+    math by ``gain`` (the peaks' ratio) and leaves the overhead -- the operands' and outputs' memory traffic
+    and the tiles' edges, which is what ``H0 / h`` measures -- as it is: ``(1 + H0/h) / (1/gain + H0/h)``.
+    1.5x at h = 4096 and 1.8x at h = 16384 on Hopper's 2x peak: small layers gain least (NVIDIA's
+    Transformer Engine guidance: fp8 pays off on large GEMMs)."""
+    if gain <= 1.0:
+        return 1.0
+    over = GEMM_HIDDEN_HALF / shape
+    return (1 + over) / (1 / gain + over)
+
+
+# The elementwise passes of a layer (norms, residual adds, the MLP's activation, MoE's permutation and
+# combine) read and write their tensors once each in bf16 and compute almost nothing: memory-bound, at
+# CAST_BANDWIDTH_SHARE of the HBM bandwidth like fp8's casts. Elements per token and layer, forward: two
+# norms (read h, write h), two residual adds (read 2h, write h), the activation (SwiGLU: read 2f, write f;
+# GeLU: read f, write f), and under MoE the permutation (read h, write k h copies) and the combine (read
+# k h, write h). The backward reads the saved input and the incoming gradient and writes a gradient: twice
+# the forward. Rotary embeddings and the loss's softmax are left out (small beside these).
+ELEMENT_BYTES = 2
+
+
+def elementwise_elements(hidden: int, ffn: int, swiglu: bool, top_k: int = 0) -> tuple[float, float]:
+    """(norms and residuals incl. MoE permutation, activation) elements per token and layer, forward; ``ffn``
+    the width the activation runs on (``k f_e`` plus shared experts under MoE), ``top_k`` 0 for a dense MLP."""
+    rows = 10 * hidden + (2 * (top_k + 1) * hidden if top_k else 0)
+    return float(rows), float((3 if swiglu else 2) * ffn)
 
 
 def fp8_cast_elements(hidden: int, ffn: int, swiglu: bool) -> tuple[float, float]:
@@ -375,15 +408,29 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
     rate = cluster.peak_tflops * 1e12 * eff
-    fwd, bwd = layer_flops(model, tokens_mb, lay.activation_recompute)
+    timed = model
+    if efficiency is None and model.matmul_speedup > 1:        # fp8 divides the math, not the shape's overhead
+        timed = replace(model, matmul_speedup=fp8_gemm_speedup(model.matmul_speedup, h))
+    fwd, bwd = layer_flops(timed, tokens_mb, lay.activation_recompute)
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
     if model.experts is not None and efficiency is None:       # routed experts' GEMMs at their own shapes
         e = model.experts
-        eff_e = gemm_efficiency(cluster.chip, min(h, e.expert_ffn))
-        e_fwd = 2.0 * e.top_k * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb / model.matmul_speedup
-        extra = e_fwd / tp / (cluster.peak_tflops * 1e12) * (1 / eff_e - 1 / eff)
+        e_fwd = 2.0 * e.top_k * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb
+        ceiling = eff * (1 + GEMM_HIDDEN_HALF / h)              # the chip's E: the shapes' overheads differ
+        extra = e_fwd / tp / (cluster.peak_tflops * 1e12 * ceiling) * GEMM_HIDDEN_HALF * (1 / min(h, e.expert_ffn) - 1 / h)
         again = 1.0 if lay.activation_recompute in ("full", "op_selective") else 0.0
         t_fwd, t_bwd = t_fwd + extra, t_bwd + (2.0 + again) * extra
+    if cluster.memory_GBps:                                     # the elementwise passes, memory-bound
+        e, dense_ffn = model.experts, model.ffn_hidden or 4 * h
+        rows, act = elementwise_elements(h, dense_ffn, model.swiglu)
+        if e is not None:                                       # the MoE layers' share of the stack
+            share = e.moe_layers / model.layers
+            rows_e, act_e = elementwise_elements(h, (e.top_k + e.shared) * e.expert_ffn, model.swiglu, e.top_k)
+            rows, act = rows + share * (rows_e - rows), act + share * (act_e - act)
+        per = tokens_mb * ELEMENT_BYTES / (cluster.memory_GBps * 1e9 * CAST_BANDWIDTH_SHARE)
+        el = (rows / (tp if lay.sequence_parallel else 1) + act / tp) * per   # without SP each tp rank repeats the norms
+        again = 1.0 if lay.activation_recompute == "full" else 0.0
+        t_fwd, t_bwd = t_fwd + el, t_bwd + (2.0 + again) * el
     if model.fp8_recipe and cluster.memory_GBps:               # fp8's quantisation passes, memory-bound
         e = model.experts
         ffn = (e.top_k + e.shared) * e.expert_ffn if e is not None else (model.ffn_hidden or 4 * h)
