@@ -110,8 +110,11 @@ def test_step_timer_phases_and_other():
         timer.end_step()
     df = timer.frame(skip=1)
     assert len(df) == 2
-    assert df["forward"].median() == pytest.approx(0.02, abs=0.008)
-    assert df["other"].median() == pytest.approx(0.015, abs=0.008)
+    # sleep never returns early; under a loaded machine it overshoots, so bound below and loosely above
+    # (the mechanism: time inside a phase lands in it, time between phases in 'other')
+    assert 0.019 <= df["forward"].median() < 0.25
+    assert 0.014 <= df["other"].median() < 0.25
+    assert 0.009 <= df["data_wait"].median() < 0.25
     comp = timer.composition()
     assert comp["share"].sum() == pytest.approx(1.0)
     assert set(comp["phase"]) == {"data_wait", "forward", "other"}
