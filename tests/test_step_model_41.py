@@ -155,29 +155,35 @@ def test_chapter_4_judges_the_busiest_rank_of_a_moe_plan():
 
 
 def test_moe_activations_keep_the_routed_tokens():
-    """A MoE layer keeps each token's k permuted copies (the experts' inputs, k s b h elements; in fp8 under fp8,
-    Transformer Engine keeps a GEMM's quantised input). The expert outputs are not kept for the combine:
-    Megatron-Core multiplies the router's probabilities inside the experts' activation
-    (``activation_func_with_probs``), so the combine is an unweighted unpermute (issue 41's review counted them:
-    its +41-83 % holds for an implementation that weights at the combine). On DeepSeek-V3's stage without
-    recompute (58 of 61 layers MoE, top-8) the routed tokens are 8 sbh bytes a layer in fp8; with Megatron's
-    selective recompute modules the norm outputs, q, k, v and the experts' activation output go."""
+    """A MoE layer keeps each token's k permuted copies (the experts' inputs, k s b h elements: 16-bit, or fp8
+    under DeepSeek-V3's activation cache). The expert outputs are not kept for the combine: Megatron-Core
+    multiplies the router's probabilities inside the experts' activation (TEGroupedMLP's weighted_bias_swiglu),
+    so every dispatcher's combine is an unweighted unpermute (issue 41's review counted them: its +41-83 % holds
+    for an implementation that weights at the combine). DeepSeek-V3's profile, as the report runs it: 58 of 61
+    layers MoE, top-8, RMSNorm and MLA up-projections recomputed (so no norm output of a MoE layer and no q, k,
+    v: the latents instead), the MoE SwiGLU's output recomputed."""
     from conftest import REPO
     from preflight.chapters import memory_plan as MP
     from preflight.core.profile import load_profile
     from preflight.models import memory as M
 
     p = load_profile(REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml")
-    bare = MP.plan_of(p, recompute="none", recompute_modules=())
-    parts = {name: b for name, b, _ in M.layer_parts(bare)}
-    routed = parts["MoE: permuted expert inputs (k sbh)"]
-    assert routed == pytest.approx(58 / 61 * 8 * 1 * 4096 * 1 * 7168)
-    bf16 = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p, recompute="none", recompute_modules=(), fp8=False))}
-    assert bf16["MoE: permuted expert inputs (k sbh)"] == pytest.approx(2 * routed)
+    assert p.training.fp8_activation_cache
+    parts = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p))}
+    assert parts["MoE: permuted expert inputs (k sbh)"] == pytest.approx(58 / 61 * 8 * 1 * 4096 * 7168)
+    bf16 = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p, fp8_activation_cache=False))}
+    assert bf16["MoE: permuted expert inputs (k sbh)"] == pytest.approx(2 * parts["MoE: permuted expert inputs (k sbh)"])
     assert not any(name.startswith("MoE: permuted") for name, _, _ in M.layer_parts(MP.plan_of(p, recompute="full")))
-    mods = {name: b for name, b, _ in M.layer_parts(MP.plan_of(p))}
-    assert "q, k, v" not in mods and not any(n.startswith("QKV input") for n in mods)
-    assert M.total_bytes(MP.plan_of(p)) < 0.8 * M.total_bytes(bare)
+    # layernorm on MLA + MoE layers: both norm outputs recomputed, except the 3 dense layers' fused pre-MLP norm
+    assert "QKV input (input norm output)" not in parts
+    assert parts["MLP input (pre-MLP norm output)"] == pytest.approx(3 / 61 * 1 * 4096 * 7168)
+    assert parts["MLA latents (q, kv compressed, rope)"] == pytest.approx(1 * 4096 * (1536 + 512 + 64))
+    assert not any(n.startswith("q, k, v") for n in parts)
+    # moe_act: the routed experts keep the up projection's output (2 f_e per copy, fp8 under the cache)
+    routed = parts["MoE experts: up projection output kept, activation recomputed (moe_act)"]
+    assert routed == pytest.approx(58 / 61 * 4096 * 8 * 2 * 2048 * 1)
+    bare = MP.plan_of(p, recompute="none", recompute_modules=None)
+    assert M.total_bytes(MP.plan_of(p)) < 0.6 * M.total_bytes(bare)
     # the modules only act under selective recompute
     assert M.layer_parts(MP.plan_of(p, recompute="none")) == M.layer_parts(bare)
 
@@ -192,29 +198,130 @@ def test_recompute_modules_are_validated_and_named():
         parse_profile(example_with(training__recompute_modules=["layernorm"], training__activation_recompute="none"))
     with pytest.raises(ValueError, match="mla_up_proj"):
         parse_profile(example_with(training__recompute_modules=["mla_up_proj"], training__activation_recompute="selective"))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="recompute_modules"):
         parse_profile(example_with(training__recompute_modules=["everything"], training__activation_recompute="selective"))
+    with pytest.raises(ValueError, match="moe_act and moe need a mixture-of-experts"):
+        parse_profile(example_with(training__recompute_modules=["moe_act"], training__activation_recompute="selective"))
+    with pytest.raises(ValueError, match="delayed"):
+        parse_profile(example_with(training__recompute_modules=["layernorm"], training__activation_recompute="selective",
+                                   training__fp8=True, training__fp8_recipe="delayed", cluster__gpu="H100-SXM"))
+    with pytest.raises(ValueError, match="fp8_activation_cache"):
+        parse_profile(example_with(training__fp8_activation_cache=True))
     ok = parse_profile(example_with(training__recompute_modules=["layernorm", "mlp"], training__activation_recompute="selective"))
     assert ok.training.recompute_modules == ["layernorm", "mlp"]
 
 
-def test_fp8_keeps_gemm_inputs_in_one_byte_and_modules_drop_their_tensors():
-    """A dense layer (flash, SwiGLU, no dropout, no recompute): 4 e sbh of norm inputs and outputs, q k v, the
-    projection input e sbh, 4 e s b f of MLP. Under fp8 the GEMM inputs (norm outputs, projection input, the
-    down projection's input) are kept at 1 byte; layernorm drops the norm outputs, mlp the MLP's tensors."""
+def test_activation_storage_follows_the_frameworks():
+    """A dense layer (flash, SwiGLU, no dropout): 2 e sbh of norm inputs, 2 e sbh of norm outputs (the QKV and
+    MLP inputs), q k v, the projection input e sbh, the MLP's tensors of s b f: 4 in PyTorch's unfused SwiGLU,
+    3 in Megatron's fused one. fp8 GEMMs alone keep the inputs 16-bit (torchao saves the high-precision input;
+    Megatron under current scaling has the output projection save its bf16 input); DeepSeek-V3's activation cache
+    keeps linear inputs at 1 byte and the attention output at 1.5 (E5M6). Megatron's layernorm module does
+    nothing on a dense non-MLA layer (Transformer Engine fuses its norms into the next linear layer); mlp drops
+    the MLP's tensors; selective without core_attn keeps flash's statistics."""
     from preflight.models import memory as M
 
     base = dict(params=7e9, layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, mlp="swiglu",
                 ffn_hidden=11008, dropout=0.0, attention="flash")
     s, h, f = 4096, 4096, 11008
-    bf16 = {n: b for n, b, _ in M.layer_parts(M.Plan(**base))}
-    fp8 = {n: b for n, b, _ in M.layer_parts(M.Plan(**base, fp8=True))}
-    assert bf16["norm inputs (2)"] == fp8["norm inputs (2)"] == 2 * 2 * s * h
-    assert bf16["QKV input, MLP input (norm outputs)"] == 2 * 2 * s * h
-    assert fp8["QKV input, MLP input (norm outputs, fp8)"] == 2 * 1 * s * h
-    assert fp8["attention output (projection input)"] == 1 * s * h
-    mlp = next(k for k in fp8 if k.startswith("MLP ("))
-    assert bf16[mlp] == 4 * 2 * s * f and fp8[mlp] == (3 * 2 + 1) * s * f
-    sel = {n: b for n, b, _ in M.layer_parts(M.Plan(**base, recompute="selective",
-                                                    recompute_modules=("layernorm", "mlp")))}
-    assert not any(n.startswith(("QKV input", "MLP (")) for n in sel)
+
+    def parts(**kw):
+        return {n: b for n, b, _ in M.layer_parts(M.Plan(**(base | kw)))}
+
+    bf16, fp8 = parts(), parts(fp8=True)
+    assert bf16 == fp8
+    assert bf16["norm inputs (2)"] == 2 * 2 * s * h
+    assert bf16["QKV input (input norm output)"] == bf16["MLP input (pre-MLP norm output)"] == 2 * s * h
+    mlp = next(k for k in bf16 if k.startswith("MLP ("))
+    assert bf16[mlp] == 4 * 2 * s * f
+    meg = parts(framework="megatron")
+    assert meg[next(k for k in meg if k.startswith("MLP ("))] == 3 * 2 * s * f
+    cache = parts(fp8=True, fp8_activation_cache=True)
+    assert cache["QKV input (input norm output)"] == 1 * s * h
+    assert cache["attention output (projection input)"] == 1.5 * s * h
+    assert cache[mlp] == (3 * 2 + 1) * s * f
+    assert parts(recompute="selective", recompute_modules=("core_attn", "layernorm")) == parts(recompute="selective")
+    sel = parts(recompute="selective", recompute_modules=("mlp",))
+    assert not any(n.startswith("MLP (") for n in sel)
+    assert "softmax statistics (fp32 logsumexp)" in sel and "softmax statistics (fp32 logsumexp)" not in parts(
+        recompute="selective")
+    mla = parts(qk_head_dim=192, v_head_dim=128)
+    assert mla["q, k, v (MLA widths)"] == 2 * s * 32 * (2 * 192 + 128)
+    assert mla["attention output (projection input)"] == 2 * s * 32 * 128
+
+
+def _dense(**kw):
+    from preflight.models import throughput as T
+    return T.Model(**(dict(params=7e9, layers=32, hidden=4096, seq_len=4096, vocab=32000, ffn_hidden=11008,
+                           swiglu=True, causal_flash=True) | kw))
+
+
+def _h100(**kw):
+    from preflight.models import throughput as T
+    return T.Cluster(**(dict(peak_tflops=989.5, gpus_per_node=8, intra_node_GBps=450, inter_node_Gbps=400,
+                             nics_per_node=8, chip="H100-SXM", memory_GBps=3350.0) | kw))
+
+
+def _lay(**kw):
+    from preflight.models import throughput as T
+    return T.Layout(**(dict(tp=1, pp=1, dp=1, zero_stage=0, activation_recompute="none", sequence_parallel=False,
+                            micro_batch_size=1, microbatches=1) | kw))
+
+
+def test_fp8_speeds_the_math_not_the_shape_overhead():
+    """(1 + H0/h) / (1/g + H0/h): the full peak ratio for an infinitely wide GEMM, nothing for a vanishing one,
+    monotone between; no gain without fp8."""
+    from preflight.models import throughput as T
+
+    assert T.fp8_gemm_speedup(2.0, 1e12) == pytest.approx(2.0, rel=1e-6)
+    assert T.fp8_gemm_speedup(2.0, 1e-6) == pytest.approx(1.0, rel=1e-6)
+    gains = [T.fp8_gemm_speedup(2.0, h) for h in (1024, 4096, 16384)]
+    assert gains == sorted(gains) and 1.0 < gains[0] < gains[-1] < 2.0
+    assert T.fp8_gemm_speedup(1.0, 4096) == 1.0
+    h0 = T.GEMM_HIDDEN_HALF
+    assert T.fp8_gemm_speedup(2.0, 4096) == pytest.approx((1 + h0 / 4096) / (0.5 + h0 / 4096))
+
+
+def test_elementwise_passes_are_memory_bound_and_split_as_megatron_splits_them():
+    """Elementwise bytes per token and layer at the HBM bandwidth: the norms and residuals split over tp only with
+    sequence parallelism, the activation always; the backward twice the forward, full recompute once more; none
+    when a measured efficiency is given (it already holds them); MoE rows grow with k."""
+    from preflight.models import throughput as T
+
+    rows, act = T.elementwise_elements(4096, 11008, True)
+    assert (rows, act) == (10 * 4096, 3 * 11008)
+    assert T.elementwise_elements(4096, 11008, False)[1] == 2 * 11008
+    assert T.elementwise_elements(2048, 768, True, top_k=8)[0] == 10 * 2048 + 2 * 9 * 2048
+    m, c = _dense(), _h100()
+    step = lambda **kw: T.step_time(_lay(**kw), model=m, cluster=c).compute_s
+    no_mem = lambda **kw: T.step_time(_lay(**kw), model=m, cluster=_h100(memory_GBps=None)).compute_s
+    per = 4096 * T.ELEMENT_BYTES / (3350e9 * T.CAST_BANDWIDTH_SHARE)
+    el = (rows + act) * per * 32                                       # one micro-batch, 32 layers, fwd
+    assert step() - no_mem() == pytest.approx(3 * el, rel=1e-6)        # forward + backward (2x)
+    assert step(activation_recompute="full") - no_mem(activation_recompute="full") == pytest.approx(4 * el, rel=1e-6)
+    tp_el = (rows + act / 2) * per * 32
+    assert step(tp=2) - no_mem(tp=2) == pytest.approx(3 * tp_el, rel=1e-6)
+    assert step(tp=2, sequence_parallel=True) - no_mem(tp=2, sequence_parallel=True) == pytest.approx(
+        3 * (rows + act) / 2 * per * 32, rel=1e-6)
+    measured = T.step_time(_lay(), model=m, cluster=c, efficiency=0.5).compute_s
+    assert measured == T.step_time(_lay(), model=m, cluster=_h100(memory_GBps=None), efficiency=0.5).compute_s
+
+
+def test_selective_recompute_charges_its_modules():
+    """Megatron's default (None) recomputes core attention; [] nothing; mlp the dense MLP's forward again;
+    mla_up_proj MLA's up projections (DeepSeek-V3: 2 x 128 x (1536 x 192 + 512 x (192 - 64 + 128)) FLOPs a token)."""
+    from preflight.models import throughput as T
+
+    m = _dense()
+    attn = 2.0 * m.attention_width * 4096 * 0.5
+    assert T.selective_flops(m, None) == pytest.approx(attn)
+    assert T.selective_flops(m, ()) == 0.0
+    assert T.selective_flops(m, ("mlp",)) == pytest.approx(2 * 3 * 4096 * 11008)
+    mla = _dense(hidden=7168, heads=128, qk_head_dim=192, v_head_dim=128, q_lora_rank=1536, kv_lora_rank=512,
+                 qk_rope_head_dim=64)
+    assert T.selective_flops(mla, ("mla_up_proj",)) == pytest.approx(2 * 128 * (1536 * 192 + 512 * (192 - 64 + 128)))
+    c = _h100()
+    t = lambda mods: T.step_time(_lay(activation_recompute="selective", recompute_modules=mods), model=m,
+                                 cluster=c).compute_s
+    assert t(()) < t(None) < t(("core_attn", "mlp"))
+    assert t(()) == pytest.approx(T.step_time(_lay(), model=m, cluster=c).compute_s)

@@ -45,11 +45,13 @@ MODELS = {
     "deepseek-v3": dict(
         src="deepseek-ai/DeepSeek-V3 config.json / inference/configs/config_671B.json (num_hidden_layers 61, "
             "first_k_dense_replace 3 -> 58 MoE layers, hidden_size 7168, 128 heads, MLA: qk_nope 128 + qk_rope 64 = 192, "
-            "v_head_dim 128, intermediate_size 18432, moe_intermediate_size 2048, n_routed_experts 256, "
+            "v_head_dim 128, q_lora_rank 1536, kv_lora_rank 512, intermediate_size 18432, moe_intermediate_size 2048, "
+            "n_routed_experts 256, "
             "num_experts_per_tok 8, n_shared_experts 1, vocab_size 129280); 671e9 parameters without the MTP module "
             "(report, Section 1)",
         m=dict(params=671e9, layers=61, hidden=7168, heads=128, ffn_hidden=18432, vocab=129280, experts=256, top_k=8,
-               shared_experts=1, expert_ffn_hidden=2048, moe_layers=58, qk_head_dim=192, v_head_dim=128)),
+               shared_experts=1, expert_ffn_hidden=2048, moe_layers=58, qk_head_dim=192, v_head_dim=128,
+               q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64)),
     "qwen3-30b-a3b": dict(
         src="Qwen/Qwen3-30B-A3B config.json (48 layers all MoE, hidden 2048, 32 heads, 4 kv heads, head_dim 128, "
             "intermediate 6144, moe_intermediate_size 768, num_experts 128, num_experts_per_tok 8, vocab 151936); "
@@ -314,15 +316,17 @@ def bridge_recipe(model: str, system: str, prec: str, task: str) -> dict:
         mods = {("gb200", True): "mla_up_proj", ("gb200", False): "mla_up_proj" if prec == "BF16" else "mlp",
                 ("b200", True): "mla_up_proj, mlp", ("gb300", True): "",
                 ("gb300", False): "moe_act" if prec == "BF16" else "mla_up_proj"}.get((chip, mx), "mla_up_proj")
-        r.update(recompute="selective" if mods else "none",
+        r.update(recompute="selective" if mods else "none", modules=mods.split(", ") if mods else None,
                  rnote=f"recompute_granularity selective, recompute_modules [{mods}]",
                  a2a=mx)  # _enable_deepseek_full_iteration_mxfp8 (GB200, GB300, B300) / overlap_moe_expert_parallel_comm (B200)
     elif model == "gpt-oss-120b":
         if chip in ("gb200", "gb300") and mx:
             r.update(a2a=True, rnote="recompute_granularity selective with recompute_modules [] (nothing "
                      "recomputed), _apply_gpt_oss_120b_full_iter_fp8mx_configs: overlap_moe_expert_parallel_comm")
+        elif chip in ("gb300", "b300"):
+            r.update(rnote="recompute_granularity None (the recipe sets no recompute)")
         else:
-            r.update(recompute="selective", a2a=chip == "gb200",
+            r.update(recompute="selective", modules=["layernorm", "moe_act"], a2a=chip == "gb200",
                      rnote="recompute_granularity selective, recompute_modules [layernorm, moe_act]")
     elif model.startswith("qwen3"):
         # recipes/qwen/<chip>/qwen3_moe.py and perf_recipes/qwen/<chip>/: expert_tensor_parallel_size = 1
@@ -454,8 +458,10 @@ def deepseek_report_row() -> dict:
                 model="deepseek-v3", system="H800", gpus=2048, fp8=True, recipe="blockwise", gbs=15360, mbs=1,
                 seq=4096, fsdp=0, tp=1, pp=16, cp=1, vp=None, ep=64, tok=tok, task="pretrain", fit=False,
                 framework="megatron", grad="fp32",
-                rec=dict(recompute="selective", a2a=True, rnote="RMSNorm and MLA up-projections recomputed in the "
-                         "backward (Section 3.3.3)", tpo=None, dispatch_fp8=True, node_limit=4),
+                rec=dict(recompute="selective", modules=["layernorm", "mla_up_proj", "moe_act"], a2a=True,
+                         rnote="RMSNorm and MLA up-projections recomputed in the backward (Section 3.2.3), the MoE "
+                         "SwiGLU's output too (Section 3.3.3); activations cached in fp8 (Section 3.3.3)", tpo=None,
+                         dispatch_fp8=True, node_limit=4, fp8_cache=True),
                 note="DualPipe (two pipeline directions, two weight copies) is planned as 1F1B with the all-to-all "
                      "overlapped; the batch ramp and the MTP module (1 layer) are not in the profile; micro-batch 1 "
                      "is a guess (not stated)",
@@ -498,16 +504,20 @@ def profile_of(r: dict) -> dict:
         if tp == 1 or rec.get("etp") == 1:
             t["etp"] = 1
         t["moe_a2a_overlap"] = bool(rec["a2a"])
+    if rec["recompute"] == "selective" and rec.get("modules") is not None:
+        t["recompute_modules"] = list(rec["modules"])
         if rec.get("dispatch_fp8"):
             t["moe_dispatch_fp8"] = True
         if rec.get("node_limit"):
             t["moe_node_limit"] = rec["node_limit"]
+    if rec.get("fp8_cache"):
+        t["fp8_activation_cache"] = True
     t.update(checkpoint_write_s=60, checkpoint_interval_s=10800, run_days=30)
     model = dict(spec["m"])
     model.update(seq_len=r["seq"], attention="flash", mlp="swiglu", dropout=0.0)
     order = ["params", "layers", "hidden", "seq_len", "heads", "kv_heads", "ffn_hidden", "vocab", "attention", "mlp",
              "dropout", "experts", "top_k", "shared_experts", "expert_ffn_hidden", "moe_layers", "qk_head_dim",
-             "v_head_dim"]
+             "v_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim"]
     model = {k: model[k] for k in order if k in model}
     return dict(project=r["name"], notes=f"{r['source']}. {r['figures']}.", model=model, cluster=cluster, training=t,
                 data=dict(files=1000, mean_file_kB=256000, length_sigma=0), measure=False)

@@ -111,7 +111,8 @@ def layouts(profile: Profile, batch: int):
                 if (sp and tp == 1) or not supported(t.framework, z, pp):
                     continue
                 yield T.Layout(tp=tp, pp=pp, dp=dp, zero_stage=z, activation_recompute=rc, sequence_parallel=sp,
-                               micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep, cp=cp)
+                               micro_batch_size=mbs, microbatches=mb, interleave=v, ep=ep, cp=cp,
+                               recompute_modules=S.recompute_modules(profile, rc))
 
 
 def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
@@ -120,7 +121,7 @@ def memory_plan(profile: Profile, lay: T.Layout) -> M.Plan:
                       recompute=lay.activation_recompute, sequence_parallel=lay.sequence_parallel,
                       micro_batch_size=lay.micro_batch_size, microbatches=lay.microbatches,
                       schedule=("interleaved" if lay.interleave > 1 else "1f1b"), interleave=lay.interleave, ep=lay.ep,
-                      cp=lay.cp)
+                      cp=lay.cp, recompute_modules=lay.recompute_modules)
 
 
 def _step(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None) -> dict:

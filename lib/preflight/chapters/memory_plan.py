@@ -36,7 +36,11 @@ def plan_of(profile: Profile, **changes) -> M.Plan:
                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, dropout=m.dropout, framework=t.framework,
                   shard_group_gpus=profile.cluster.gpus_per_node if t.shard_group == "node" else None,
                   fp8=t.fp8, moe=m.expert_spec, ep=t.ep, etp=t.etp, cp=t.cp, grad_dtype=t.grad_dtype,
-                  bucket_view=t.gradient_as_bucket_view, recompute_modules=tuple(t.recompute_modules or ()))
+                  bucket_view=t.gradient_as_bucket_view,
+                  recompute_modules=None if t.recompute_modules is None else tuple(t.recompute_modules),
+                  fp8_activation_cache=t.fp8_activation_cache, qk_head_dim=m.qk_head_dim, v_head_dim=m.v_head_dim,
+                  mla_latent=(m.q_lora_rank + m.kv_lora_rank + (m.qk_rope_head_dim or 0)) if m.q_lora_rank and
+                  m.kv_lora_rank else None)
     fields.update(changes)
     return M.Plan(**fields)
 

@@ -55,7 +55,8 @@ def model_of(profile: Profile) -> T.Model:
                    fp8_recipe=profile.training.fp8_recipe if fp8 else None, swiglu=m.mlp == "swiglu",
                    experts=m.expert_spec, heads=m.n_heads, kv_heads=m.n_kv_heads, qk_head_dim=m.qk_head_dim,
                    v_head_dim=m.v_head_dim, a2a_overlap=profile.training.moe_a2a_overlap,
-                   dispatch_fp8=profile.training.moe_dispatch_fp8, node_limit=profile.training.moe_node_limit)
+                   dispatch_fp8=profile.training.moe_dispatch_fp8, node_limit=profile.training.moe_node_limit,
+                   q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_rope_head_dim=m.qk_rope_head_dim)
 
 
 def cluster_of(profile: Profile, gpu_key: str | None) -> T.Cluster:
@@ -88,7 +89,14 @@ def layout_of(profile: Profile, gpus: int | None = None) -> T.Layout:
     return T.Layout(tp=t.tp, pp=t.pp, dp=dp, zero_stage=t.zero_stage, activation_recompute=t.activation_recompute,
                     sequence_parallel=t.sequence_parallel, micro_batch_size=t.micro_batch_size,
                     microbatches=t.microbatches, interleave=t.interleave if t.pipeline_schedule == "interleaved" else 1,
-                    ep=t.ep, cp=t.cp, etp=t.etp)
+                    ep=t.ep, cp=t.cp, etp=t.etp, recompute_modules=recompute_modules(profile, t.activation_recompute))
+
+
+def recompute_modules(profile: Profile, recompute: str) -> tuple[str, ...] | None:
+    """The profile's Megatron recompute modules for a layout with ``recompute`` (None: not selective, or
+    Megatron's default, core_attn)."""
+    mods = profile.training.recompute_modules
+    return tuple(mods) if recompute == "selective" and mods is not None else None
 
 
 def time_layout(profile: Profile, lay: T.Layout, cluster: T.Cluster, efficiency: float | None = None,

@@ -89,6 +89,14 @@ class Model(_Strict):
                                              "nope + rope, DeepSeek-V3 192); empty: hidden / heads")] = None
     v_head_dim: Annotated[int | None, Field(ge=1, le=100_000, description="value size per head (DeepSeek-V3 "
                                             "128); empty: hidden / heads")] = None
+    # MLA's compressed widths (DeepSeek-V3 config.json names): the latents a token keeps when the up
+    # projections are recomputed (training.recompute_modules: mla_up_proj), and those projections' FLOPs.
+    q_lora_rank: Annotated[int | None, Field(ge=1, le=1_000_000, description="MLA query latent width "
+                                             "(DeepSeek-V3 1536)")] = None
+    kv_lora_rank: Annotated[int | None, Field(ge=1, le=1_000_000, description="MLA key/value latent width "
+                                              "(DeepSeek-V3 512)")] = None
+    qk_rope_head_dim: Annotated[int | None, Field(ge=0, le=100_000, description="MLA rotary part of qk_head_dim "
+                                                  "(DeepSeek-V3 64), kept beside the key/value latent")] = None
 
     @property
     def n_heads(self) -> int:
@@ -195,7 +203,11 @@ class Training(_Strict):
         "op-level policy: every other matmul and the elementwise ops recomputed); full (each layer's forward again)")
     recompute_modules: list[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe"]] | None = Field(
         None, description="with activation_recompute: selective, Megatron's --recompute-modules: what is recomputed "
-        "(core_attn, layernorm, mla_up_proj, moe_act, mlp, moe); empty: core_attn, Megatron's default")
+        "(core_attn, layernorm, mla_up_proj, moe_act, mlp, moe); not given: [core_attn], Megatron's default; "
+        "[]: nothing")
+    fp8_activation_cache: bool = Field(False, description="with fp8: DeepSeek-V3's low-precision activation storage "
+                                       "(report sec. 3.3.3): the inputs the linear layers keep for their backward "
+                                       "cached in fp8, the attention output in E5M6, the MoE SwiGLU's input in fp8")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1)")
     framework: Literal["deepspeed", "megatron", "fsdp2", "ddp"] = Field(
         "deepspeed", description="layout of the model states (preflight.models.states): deepspeed 2+2+12 B per "
@@ -320,13 +332,24 @@ class Profile(_Strict):
         if t.cp > 1 and t.framework not in ("megatron", "fsdp2"):
             raise ValueError(f"training.cp = {t.cp}: training.framework = {t.framework} has no ring context parallelism "
                              "(DeepSpeed-Ulysses is an all-to-all over heads, not modelled); accepted: megatron, fsdp2")
-        if t.recompute_modules and t.activation_recompute != "selective":
+        if t.recompute_modules is not None and t.activation_recompute != "selective":
             raise ValueError(f"training.recompute_modules = {t.recompute_modules} needs training.activation_recompute = "
                              f"selective (got {t.activation_recompute!r}): Megatron's --recompute-modules choose what "
                              "selective recompute recomputes")
-        if t.recompute_modules and "mla_up_proj" in t.recompute_modules and not self.model.qk_head_dim:
+        mods = t.recompute_modules or []
+        if "mla_up_proj" in mods and not (self.model.qk_head_dim and self.model.q_lora_rank and self.model.kv_lora_rank):
             raise ValueError("training.recompute_modules: mla_up_proj needs a multi-head latent attention model "
-                             "(model.qk_head_dim set, e.g. 192 for DeepSeek-V3)")
+                             "(model.qk_head_dim, model.q_lora_rank and model.kv_lora_rank set: DeepSeek-V3 192, 1536, "
+                             "512)")
+        if {"moe_act", "moe"} & set(mods) and not self.model.experts:
+            raise ValueError(f"training.recompute_modules = {mods}: moe_act and moe need a mixture-of-experts model "
+                             "(model.experts)")
+        if {"moe_act", "layernorm"} & set(mods) and t.fp8 and t.fp8_recipe == "delayed":
+            raise ValueError(f"training.recompute_modules = {mods} with training.fp8_recipe = delayed: Megatron refuses "
+                             "layernorm and moe_act recompute under delayed scaling (transformer_config.py); accepted: "
+                             "tensorwise, blockwise or mxfp8, or drop those modules")
+        if t.fp8_activation_cache and not t.fp8:
+            raise ValueError("training.fp8_activation_cache = true needs training.fp8 = true")
         if t.pipeline_schedule == "interleaved" and t.pp > 1 and t.microbatches % t.pp:
             raise ValueError(f"training.microbatches = {t.microbatches} must be a multiple of training.pp = "
                              f"{t.pp} for the interleaved schedule")

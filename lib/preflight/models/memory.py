@@ -117,7 +117,11 @@ class Plan:
     cp: int = 1                     # context parallelism: each GPU keeps s / cp tokens' activations
     grad_dtype: str | None = None   # the gradients' dtype (states.layout); None: the framework's default
     bucket_view: bool = False       # DDP's gradient_as_bucket_view (one fp32 gradient copy, not two)
-    recompute_modules: tuple[str, ...] = ()   # Megatron's --recompute-modules with selective (RECOMPUTE_MODULES)
+    recompute_modules: tuple[str, ...] | None = None   # with selective, Megatron's --recompute-modules; None: core_attn
+    fp8_activation_cache: bool = False   # DeepSeek-V3's fp8 activation storage (FP8_CACHE_BYTES)
+    qk_head_dim: int | None = None  # MLA's query/key and value sizes per head (None: hidden / heads)
+    v_head_dim: int | None = None
+    mla_latent: int | None = None   # MLA's compressed q + kv + rope widths per token (kept under mla_up_proj)
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "micro_batch_size", "tp", "pp",
@@ -208,51 +212,92 @@ def layer_activation_bytes(seq_len: int, micro_batch_size: int, hidden: int, hea
     return _layer(plan)
 
 
-# Megatron's --recompute-modules (with --recompute-granularity selective; default ["core_attn"]): what each
-# drops from a layer's kept tensors (megatron/core/transformer/transformer_config.py). core_attn: the
-# attention scores (flash never keeps them); layernorm: the norms' outputs (the QKV and MLP inputs),
-# recomputed from their inputs; mla_up_proj: MLA's q, k, v, recomputed from the compressed latents (the
-# latents, q_lora_rank + kv_lora_rank + rope = 2,112 values a token on DeepSeek-V3, 3 % of q, k, v, are not
-# counted); moe_act: the experts' activation output, recomputed from the up projection's (kept); mlp: a dense
-# MLP's tensors; moe: a MoE layer's expert tensors and routed tokens. Their recompute time is not in the step
-# model (elementwise passes and MLA's small up projections: a few per cent of a layer).
+# Megatron's --recompute-modules (with --recompute-granularity selective; None: ["core_attn"], [] nothing): what
+# each drops from a layer's kept tensors (megatron/core/transformer/transformer_config.py, transformer_layer.py,
+# multi_latent_attention.py, moe/experts.py). core_attn: the attention's saved state (flash keeps only its
+# output and statistics; recomputed, the statistics go). layernorm: the outputs of the norms that are modules
+# of their own -- a MoE layer's pre-MLP norm (the router reads it) and MLA's input norm; Transformer Engine
+# fuses a dense layer's norms into the next linear layer (LayerNormLinear), where the flag changes nothing.
+# mla_up_proj: MLA's q, k, v, recomputed from the compressed latents (kept). moe_act: the routed experts'
+# activation output, recomputed from the up projection's (kept; shared experts untouched). mlp: a dense
+# layer's MLP; moe: a MoE layer's experts and routed tokens. Their recompute FLOPs are in the step model
+# (``throughput.selective_flops``).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe")
-FP8_STORED_BYTES = 1    # Transformer Engine keeps an fp8 GEMM's quantised input for its weight gradient
+# Megatron's fused SwiGLU (weighted_bias_swiglu) keeps the up projection's output (2 f) and the down
+# projection's input (f): 3 tensors of s b f, where the unfused PyTorch path (torchtitan) keeps 4.
+MEGATRON_SWIGLU_TENSORS = 3
+# DeepSeek-V3's low-precision storage (report sec. 3.3.3): the linear layers' inputs cached in fp8 (1 byte),
+# the attention output (the output projection's input) in E5M6 (12 bits), the MoE SwiGLU's input in fp8.
+# Without it the inputs stay 16-bit: torchao's Float8 saves the high-precision input, and Megatron with
+# current scaling tells the output projection to save its bf16 input (attention.py); conservative elsewhere.
+FP8_CACHE_BYTES, E5M6_BYTES = 1, 1.5
 
 
 def _adjust(parts: list[tuple[str, float, str]], p: Plan, moe_layer: bool) -> list[tuple[str, float, str]]:
-    """One layer's parts under the plan's recompute modules and fp8: GEMM inputs kept at 1 byte."""
+    """One layer's parts under the plan's recompute modules, attention widths and activation storage."""
     if p.recompute in ("full", "op_selective"):
         return parts
     e, out = A.ELEMENT_BYTES[p.precision], []
-    mods = set(p.recompute_modules) if p.recompute == "selective" else set()
-    g = FP8_STORED_BYTES if p.fp8 else e
+    mods = set(("core_attn",) if p.recompute_modules is None else p.recompute_modules) if p.recompute == "selective" \
+        else set()
+    g = FP8_CACHE_BYTES if p.fp8_activation_cache else e          # a linear layer's kept input
+    mla = p.qk_head_dim is not None
+    sb = p.local_seq * p.micro_batch_size
+    d = p.hidden / p.heads
     for name, nbytes, split in parts:
         if name.startswith("norm inputs (2), QKV input, MLP input"):
             out.append(("norm inputs (2)", nbytes / 2, split))
-            if "layernorm" not in mods:
-                out.append(("QKV input, MLP input (norm outputs" + (", fp8)" if p.fp8 else ")"), nbytes / 2 * g / e, split))
-        elif name.startswith("q, k, v") and "mla_up_proj" in mods:
-            continue
+            if not ("layernorm" in mods and mla):
+                out.append(("QKV input (input norm output)", nbytes / 4 * g / e, split))
+            if not ("layernorm" in mods and moe_layer):       # the router keeps it 16-bit
+                out.append(("MLP input (pre-MLP norm output)", nbytes / 4 * (e if moe_layer else g) / e, split))
+        elif name.startswith("q, k, v"):
+            if "mla_up_proj" in mods and p.mla_latent:
+                out.append(("MLA latents (q, kv compressed, rope)", g * sb * p.mla_latent, "sp"))
+            elif mla:
+                out.append(("q, k, v (MLA widths)", e * sb * p.heads * (2 * p.qk_head_dim + (p.v_head_dim or d)), split))
+            else:
+                out.append((name, nbytes, split))
         elif name.startswith("attention output"):
-            out.append((name, nbytes * g / e, split))
+            width = p.heads * (p.v_head_dim or d)
+            out.append((name, sb * width * (E5M6_BYTES if p.fp8_activation_cache else e), split))
+            if p.recompute == "selective" and "core_attn" not in mods and p.attention == "flash":
+                out.append(("softmax statistics (fp32 logsumexp)", A.STATS_BYTES * p.heads * sb, "tp"))
         elif name.startswith("MLP ("):
-            if ("moe" if moe_layer else "mlp") in mods:
-                continue
-            tensors = A.MLP_TENSORS[p.mlp]
-            if moe_layer and "moe_act" in mods:   # keep the up projection's output (2 for SwiGLU, 1 for GeLU)
-                tensors = tensors // 2
-                out.append((f"MLP ({p.mlp}): up projection output kept, activation recomputed (moe_act)",
-                            nbytes * tensors / A.MLP_TENSORS[p.mlp], split))
-            else:                                  # the down projection's input is a GEMM input
-                out.append((name, nbytes * (tensors - 1 + g / e) / tensors, split))
+            out += _mlp_parts(nbytes, split, p, moe_layer, mods, e, g)
         else:
             out.append((name, nbytes, split))
     return out
 
 
+def _mlp_parts(nbytes: float, split: str, p: Plan, moe_layer: bool, mods: set, e: float, g: float) -> list:
+    """The MLP's kept tensors: ``nbytes`` is A.layer_parts' ``N e s b f`` (f = ffn, or (k + s) f_e for MoE)."""
+    if ("moe" if moe_layer else "mlp") in mods:
+        return []
+    n = A.MLP_TENSORS[p.mlp]
+    if p.framework == "megatron" and p.mlp == "swiglu":
+        n = MEGATRON_SWIGLU_TENSORS
+    per_tensor = nbytes / A.MLP_TENSORS[p.mlp] / e                 # s b f elements
+    kept = lambda share: per_tensor * share * ((n - 1) * e + g)     # the down projection's input is a linear input
+    if not moe_layer:
+        return [(f"MLP ({p.mlp}): {n} tensors of s b ffn", kept(1.0), split)]
+    k, sh = p.moe.top_k, p.moe.shared
+    routed, shared = k / (k + sh), sh / (k + sh)
+    out = []
+    if "moe_act" in mods:      # the up projection's output kept (2 f for SwiGLU, f for GeLU), fp8 under the cache
+        up = 2 if p.mlp == "swiglu" else 1
+        out.append(("MoE experts: up projection output kept, activation recomputed (moe_act)",
+                    per_tensor * routed * up * g, split))
+    else:
+        out.append((f"MoE experts ({p.mlp}): {n} tensors of s b k f_e", kept(routed), split))
+    if shared:
+        out.append((f"shared experts ({p.mlp}): {n} tensors of s b f_e", kept(shared), split))
+    return out
+
+
 def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
-    """``activations.layer_parts`` for the plan's layer (before tp), under its recompute modules and fp8. A
+    """``activations.layer_parts`` for the plan's layer (before tp), under its recompute modules, attention
+    widths and activation storage (``_adjust``). A
     mixture-of-experts layer keeps its MLP's tensors for the ``top_k + shared`` experts each token visits
     (``(k + s) f_e`` in place of ``ffn``), averaged with the dense layers over the stage."""
     dense = _adjust(A.layer_parts(p.local_seq, p.micro_batch_size, p.hidden, p.heads, p.kv, p.ffn, p.mlp,
@@ -267,13 +312,14 @@ def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
     a, b = {n: (x, sp) for n, x, sp in dense}, {n: (x, sp) for n, x, sp in moe}
     parts = [(n, (1 - w) * a.get(n, (0.0, ""))[0] + w * b.get(n, (0.0, ""))[0], (a.get(n) or b.get(n))[1])
              for n in names]
-    if p.recompute != "full" and not (p.recompute == "selective" and "moe" in p.recompute_modules):
+    if p.recompute != "full" and not (p.recompute == "selective" and "moe" in (p.recompute_modules or ())):
         # the routed tokens (Megatron's token dispatcher, DeepEP): each token's k copies of h permuted into
-        # the experts' inputs (a GEMM input: fp8 under fp8). Megatron-Core multiplies the router's
-        # probabilities inside the experts' activation (``activation_func_with_probs``), so the combine is
-        # an unweighted unpermute and keeps no expert output.
+        # the experts' inputs (a linear layer's input: fp8 under the fp8 cache). Megatron-Core multiplies the
+        # router's probabilities inside the experts' activation (TEGroupedMLP's weighted_bias_swiglu; the
+        # legacy GroupedMLP's activation_func_with_probs), so the combine is an unweighted unpermute (every
+        # dispatcher: all-gather, all-to-all, DeepEP, HybridEP) and keeps no expert output.
         sbh = p.local_seq * p.micro_batch_size * p.hidden
-        g = FP8_STORED_BYTES if p.fp8 else A.ELEMENT_BYTES[p.precision]
+        g = FP8_CACHE_BYTES if p.fp8_activation_cache else A.ELEMENT_BYTES[p.precision]
         parts.append(("MoE: permuted expert inputs (k sbh)", w * p.moe.top_k * g * sbh, "sp"))
     return parts
 

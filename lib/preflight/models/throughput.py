@@ -87,9 +87,9 @@ from .moe import a2a_layer as a2a_layer_of
 # and went: the fit put T0 near 0 and the share at 1 (they helped no held-out family). What the shape term
 # does not carry is physics with no free constant: fp8 divides only the math (``fp8_gemm_speedup``), and the
 # elementwise passes stream at the HBM bandwidth (``elementwise_elements``); with them the leave-one-family-
-# out error fell from 10.6 % to under 8 % (docs/advisor-validation.md).
-GEMM_CEILING = {"ampere": 0.727, "hopper": 0.623, "blackwell": 0.758}
-GEMM_HIDDEN_HALF = 1288.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
+# out error fell from 10.6 % (53 runs) to 7.4 % (73 runs; docs/advisor-validation.md).
+GEMM_CEILING = {"ampere": 0.700, "hopper": 0.578, "blackwell": 0.702}
+GEMM_HIDDEN_HALF = 1013.0         # H0: the GEMM's smaller dimension at which the shape costs a factor 2
 DEFAULT_EFFICIENCY = 0.60         # the sliders' starting point, and where a chip's generation is unknown
 ACTIVATION_BYTES = 2              # bf16 activations on the wire (tp all-reduces, pp send/recv)
 TP_ALLREDUCES = {"none": 4, "selective": 4, "op_selective": 4, "full": 6}      # per layer per micro-batch
@@ -128,7 +128,7 @@ def fp8_gemm_speedup(gain: float, shape: float) -> float:
     peak plus the shape's overhead (:func:`gemm_efficiency`: ``t = F / (P E) (1 + H0 / h)``): fp8 divides the
     math by ``gain`` (the peaks' ratio) and leaves the overhead -- the operands' and outputs' memory traffic
     and the tiles' edges, which is what ``H0 / h`` measures -- as it is: ``(1 + H0/h) / (1/gain + H0/h)``.
-    1.5x at h = 4096 and 1.8x at h = 16384 on Hopper's 2x peak: small layers gain least (NVIDIA's
+    1.67x at h = 4096 and 1.89x at h = 16384 on a 2x peak with H0 = 1013: small layers gain least (NVIDIA's
     Transformer Engine guidance: fp8 pays off on large GEMMs)."""
     if gain <= 1.0:
         return 1.0
@@ -201,6 +201,7 @@ class Layout:
     ep: int = 1                     # expert parallelism (MoE), carved out of dp
     cp: int = 1                     # context parallelism: the sequence split over cp GPUs (``models.context``)
     etp: int | None = None          # expert tensor parallelism (MoE); None: tp, Megatron's default
+    recompute_modules: tuple[str, ...] | None = None   # with selective: Megatron's --recompute-modules; None: core_attn
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,9 @@ class Model:
     a2a_overlap: bool = False         # MoE all-to-alls overlapped with another micro-batch's compute (DualPipe)
     dispatch_fp8: bool = False        # MoE dispatch in fp8 (``moe.FP8_DISPATCH_BYTES``)
     node_limit: int | None = None     # node-limited routing: NVLink domains a token's experts may span
+    q_lora_rank: int | None = None    # MLA's compressed query and key/value widths and rotary size (DeepSeek-V3:
+    kv_lora_rank: int | None = None   # 1536, 512, 64): what ``mla_up_proj`` recompute projects up again
+    qk_rope_head_dim: int | None = None
 
     @property
     def attention_width(self) -> float:
@@ -304,15 +308,40 @@ class StepTime:
         return dict(self.__dict__)
 
 
-def layer_flops(m: Model, tokens: float, recompute: str) -> tuple[float, float]:
+def layer_flops(m: Model, tokens: float, recompute: str, modules: tuple[str, ...] | None = None) -> tuple[float, float]:
     """Executed FLOPs of one layer (not split by tp) for ``tokens``: (forward, backward incl. recompute),
-    in bf16-equivalent FLOPs (fp8 matmuls count 1 / ``matmul_speedup``)."""
+    in bf16-equivalent FLOPs (fp8 matmuls count 1 / ``matmul_speedup``). ``modules``: what Megatron's
+    selective recompute runs again (:func:`selective_flops`)."""
     n_layer = max(0.0, m.active - 2.0 * m.vocab * m.hidden) / m.layers / m.matmul_speedup   # bf16-equivalent
     attn = 2.0 * m.attention_width * m.seq_len * (0.5 if m.causal_flash else 1.0)  # forward, per token (4 h s for MHA)
     fwd = (2.0 * n_layer + attn) * tokens
-    again = {"none": 0.0, "selective": attn * tokens, "op_selective": n_layer * tokens,
+    again = {"none": 0.0, "selective": selective_flops(m, modules) * tokens, "op_selective": n_layer * tokens,
              "full": fwd}[recompute]
     return fwd, 2.0 * fwd + again
+
+
+def selective_flops(m: Model, modules: tuple[str, ...] | None) -> float:
+    """Forward FLOPs per token and layer (averaged over the stack) that Megatron's selective recompute runs
+    again, by module (megatron/core/transformer/transformer_config.py ``recompute_modules``; None: its
+    default ``["core_attn"]``): core_attn the attention's two batched matmuls; mla_up_proj MLA's query and
+    key/value up projections (``q_lora x heads x d_qk`` and ``kv_lora x heads x (d_qk - rope + d_v)``); mlp a
+    dense layer's MLP; moe a MoE layer's experts (``k + shared`` expert MLPs). layernorm and moe_act recompute
+    elementwise passes only (not counted: a few microseconds a layer)."""
+    mods = ("core_attn",) if modules is None else modules
+    out = 0.0
+    if "core_attn" in mods:
+        out += 2.0 * m.attention_width * m.seq_len * (0.5 if m.causal_flash else 1.0)
+    if "mla_up_proj" in mods and m.q_lora_rank and m.kv_lora_rank:
+        heads = m.heads or max(1, m.hidden // 128)
+        qk, v = m.qk_head_dim or m.hidden / heads, m.v_head_dim or m.hidden / heads
+        out += 2.0 * heads * (m.q_lora_rank * qk + m.kv_lora_rank * (qk - (m.qk_rope_head_dim or 0) + v)) / m.matmul_speedup
+    e = m.experts
+    share = e.moe_layers / m.layers if e is not None else 0.0
+    if "mlp" in mods:
+        out += (1 - share) * 2.0 * (3 if m.swiglu else 2) * m.hidden * (m.ffn_hidden or 4 * m.hidden) / m.matmul_speedup
+    if "moe" in mods and e is not None:
+        out += share * 2.0 * (e.top_k + e.shared) * e.mlp_params(m.hidden) / m.matmul_speedup
+    return out
 
 
 def recompute_factor(recompute: str, params: float, layers: int, hidden: int, seq_len: int) -> float:
@@ -411,16 +440,18 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     timed = model
     if efficiency is None and model.matmul_speedup > 1:        # fp8 divides the math, not the shape's overhead
         timed = replace(model, matmul_speedup=fp8_gemm_speedup(model.matmul_speedup, h))
-    fwd, bwd = layer_flops(timed, tokens_mb, lay.activation_recompute)
+    fwd, bwd = layer_flops(timed, tokens_mb, lay.activation_recompute, lay.recompute_modules)
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
     if model.experts is not None and efficiency is None:       # routed experts' GEMMs at their own shapes
         e = model.experts
-        e_fwd = 2.0 * e.top_k * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb
+        e_fwd = 2.0 * (e.top_k + e.shared) * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb
         ceiling = eff * (1 + GEMM_HIDDEN_HALF / h)              # the chip's E: the shapes' overheads differ
         extra = e_fwd / tp / (cluster.peak_tflops * 1e12 * ceiling) * GEMM_HIDDEN_HALF * (1 / min(h, e.expert_ffn) - 1 / h)
-        again = 1.0 if lay.activation_recompute in ("full", "op_selective") else 0.0
+        again = 1.0 if (lay.activation_recompute in ("full", "op_selective")
+                        or (lay.activation_recompute == "selective" and "moe" in (lay.recompute_modules or ()))) else 0.0
         t_fwd, t_bwd = t_fwd + extra, t_bwd + (2.0 + again) * extra
-    if cluster.memory_GBps:                                     # the elementwise passes, memory-bound
+    if cluster.memory_GBps and efficiency is None:              # the elementwise passes, memory-bound (a measured
+        # efficiency is the whole step's share of the peak: it already holds them)
         e, dense_ffn = model.experts, model.ffn_hidden or 4 * h
         rows, act = elementwise_elements(h, dense_ffn, model.swiglu)
         if e is not None:                                       # the MoE layers' share of the stack
@@ -429,7 +460,7 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
             rows, act = rows + share * (rows_e - rows), act + share * (act_e - act)
         per = tokens_mb * ELEMENT_BYTES / (cluster.memory_GBps * 1e9 * CAST_BANDWIDTH_SHARE)
         el = (rows / (tp if lay.sequence_parallel else 1) + act / tp) * per   # without SP each tp rank repeats the norms
-        again = 1.0 if lay.activation_recompute == "full" else 0.0
+        again = 1.0 if lay.activation_recompute in ("full", "op_selective") else 0.0   # torchtitan's op policy too
         t_fwd, t_bwd = t_fwd + el, t_bwd + (2.0 + again) * el
     if model.fp8_recipe and cluster.memory_GBps:               # fp8's quantisation passes, memory-bound
         e = model.experts
@@ -489,7 +520,8 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         x = a2a_layer_of(tokens_mb, h, model.experts.top_k, lay.ep, ep_per_domain=max(1, min(lay.ep, cluster.domain // etp)),
                          nic_GBps=nic, nvlink_GBps=cluster.intra_node_GBps, nic_latency_s=NIC_LATENCY_S,
                          nvlink_latency_s=NVLINK_LATENCY_S, fp8_dispatch=model.dispatch_fp8, node_limit=model.node_limit,
-                         full_recompute=lay.activation_recompute == "full")
+                         full_recompute=lay.activation_recompute == "full" or (
+                             lay.activation_recompute == "selective" and "moe" in (lay.recompute_modules or ())))
         a2a_layer = x.seconds
         # DualPipe / Megatron's overlap_moe_expert_parallel_comm: one micro-batch's all-to-alls run under
         # another's attention and MLP compute; only what exceeds that compute shows
