@@ -306,13 +306,13 @@ def not_modelled(profile: Profile) -> list[str]:
         out.append("mixture-of-experts: all-to-alls " + ("overlapped with another micro-batch's compute (training."
                    "moe_a2a_overlap)" if t_.moe_a2a_overlap else "counted blocking (set training.moe_a2a_overlap for "
                    "DualPipe / --overlap-moe-expert-parallel-comm)") + "; routing balanced on average (the busiest "
-                   "expert's extra load is chapter 4's); the recompute modules' extra time not counted "
-                   "(training.recompute_modules: memory only)")
+                   "expert's extra load is chapter 4's); of the recompute modules (training.recompute_modules) the "
+                   "GEMMs are timed, their elementwise passes not")
     if t.fp8:
         out.append(f"fp8 ({t.fp8_recipe}): the linear layers' GEMM math at the FP8 peak (their shape overhead as in "
                    "bf16), attention and the rest of the step in bf16, each GEMM operand's cast a memory-bound pass "
-                   "(fitted on Megatron-Bridge's fp8 and MXFP8 rows; torchtitan's fp8 rows, held out, read 1.0-3.0x "
-                   "too fast)")
+                   "(fitted on Megatron-Bridge's fp8 and MXFP8 rows; torchtitan's fp8 rows on H100, held out, read "
+                   "1.14-2.88x too fast)")
     if t.scaling == "strong":
         out.append("strong scaling: the advisor ranks layouts at the profile's global batch")
     return out

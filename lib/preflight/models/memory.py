@@ -270,13 +270,16 @@ def _adjust(parts: list[tuple[str, float, str]], p: Plan, moe_layer: bool) -> li
     return out
 
 
+def mlp_tensors(p: Plan) -> int:
+    """Tensors of ``s b f`` a layer's MLP keeps: Megatron's fused SwiGLU 3, else ``activations.MLP_TENSORS``."""
+    return MEGATRON_SWIGLU_TENSORS if p.framework == "megatron" and p.mlp == "swiglu" else A.MLP_TENSORS[p.mlp]
+
+
 def _mlp_parts(nbytes: float, split: str, p: Plan, moe_layer: bool, mods: set, e: float, g: float) -> list:
     """The MLP's kept tensors: ``nbytes`` is A.layer_parts' ``N e s b f`` (f = ffn, or (k + s) f_e for MoE)."""
     if ("moe" if moe_layer else "mlp") in mods:
         return []
-    n = A.MLP_TENSORS[p.mlp]
-    if p.framework == "megatron" and p.mlp == "swiglu":
-        n = MEGATRON_SWIGLU_TENSORS
+    n = mlp_tensors(p)
     per_tensor = nbytes / A.MLP_TENSORS[p.mlp] / e                 # s b f elements
     kept = lambda share: per_tensor * share * ((n - 1) * e + g)     # the down projection's input is a linear input
     if not moe_layer:

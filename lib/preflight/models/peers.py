@@ -87,7 +87,7 @@ def _activations(p: M.Plan, mine: dict) -> list[tuple[str, float]]:
     else:
         theirs_s2 = 2 * e + (1 if d else 0)        # softmax_dropout follows the plan's dropout
         layer.append(("scores as 2 tensors (+ mask)", (theirs_s2 - (e + d * (e + 1))) * a * s * s * b / t))
-    layer.append(("MLP as GELU's 2 tensors of s b ffn", (2 - A.MLP_TENSORS[p.mlp]) * e * s * b * p.ffn / t))
+    layer.append(("MLP as GELU's 2 tensors of s b ffn", (2 - M.mlp_tensors(p)) * e * s * b * p.ffn / t))
     rows = [(f"per layer: {why} (x {p.layers} layers)", p.layers * x) for why, x in layer if x]
     out_ours = mine["activations"] - M.terms(p).set_index("term").loc["activations", "bytes"]
     rows.append(("our input/output-layer terms not counted", -out_ours))
