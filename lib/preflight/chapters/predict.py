@@ -62,9 +62,15 @@ def _show(markdown: str) -> None:
 
 
 def ask(ex: Exercise) -> None:
-    """Show the question; the learner writes ``prediction = ...`` in the same cell."""
-    _show(f"**Predict ({ex.key}).** {ex.question} *(answer in {ex.unit}; write it as `prediction = ...` "
-          "below, then run the next cell)*")
+    """Show the question; the learner writes ``prediction_<key> = ...`` in the cell below it (the notebooks'
+    convention), and runs the check cell further down once the answer is on the page."""
+    _show(f"**Predict ({ex.key}).** {ex.question} *(answer in {ex.unit}; write it as `{variable(ex)} = ...` in the "
+          "cell below and run it; its check cell comes further down, after the chapter shows the answer)*")
+
+
+def variable(ex: Exercise) -> str:
+    """The notebook variable that holds the learner's prediction for ``ex``."""
+    return f"prediction_{ex.key}"
 
 
 @dataclass(frozen=True)
@@ -84,13 +90,13 @@ def feedback(ex: Exercise, prediction: float | None, reveal: bool = False) -> Fe
     """The feedback on ``prediction``, without showing it. The answer is not even computed until a
     prediction is made (or ``reveal=True``): a measured answer costs nothing while hidden."""
     if prediction is None and not reveal:
-        return Feedback("No prediction yet: write a number after `prediction =` in the cell above and run both "
-                        "cells again (or call `check(..., reveal=True)` to see the answer).")
+        return Feedback(f"No prediction yet: write a number after `{variable(ex)} =` in the cell under its question, "
+                        "run that cell and this one again (or call `check(..., reveal=True)` to see the answer).")
     if prediction is not None:
         try:
             prediction = float(prediction)
         except (TypeError, ValueError):
-            return Feedback(f"`prediction = {prediction!r}` is not a number: write e.g. `prediction = 12.5`.",
+            return Feedback(f"`{variable(ex)} = {prediction!r}` is not a number: write e.g. `{variable(ex)} = 12.5`.",
                             problem="not a number")
     truth = float(ex.answer())
     answer = f"**Answer: {num(truth)} {ex.unit}.** {ex.why}"

@@ -91,14 +91,18 @@ def a2a_layer(tokens: int, hidden: int, top_k: int, ep: int, *, ep_per_domain: i
     ``k (ep_per_domain - 1) / ep`` stay inside. **Node-limited routing** (DeepSeek-V3: at most 4 nodes per
     token; Megatron's ``--moe-router-num-groups`` / ``--moe-router-group-topk``) with DeepEP's dispatch sends a
     token once to each remote domain its experts sit in, and forwards it there over NVLink: at most
-    ``min(k, M) (d - 1) / d`` network copies. Bytes per value: the forward dispatch in fp8 where chosen
-    (``FP8_DISPATCH_BYTES``), everything else bf16 (DeepSeek-V3 combines and runs the backward in bf16).
+    ``min(k, M, d) (d - 1) / d`` network copies (a token cannot reach more domains than there are), the rest
+    of the ``k (d - 1) / d`` remote copies on NVLink at the receiving end. Bytes per value: the forward
+    dispatch in fp8 where chosen (``FP8_DISPATCH_BYTES``), everything else bf16 (DeepSeek-V3 combines and runs
+    the backward in bf16).
     Full recompute runs the forward dispatch and combine again: six all-to-alls, not four."""
     if ep <= 1:
         return A2A(0, 0.0, 0.0, 0.0)
     d = max(1, ep // max(1, ep_per_domain))
-    copies_inter = (min(top_k, node_limit) if node_limit else top_k) * (d - 1) / d
+    copies_inter = (min(top_k, node_limit, d) if node_limit else top_k) * (d - 1) / d
     copies_intra = top_k * (min(ep, ep_per_domain) - 1) / ep
+    if node_limit:             # the remote copies not sent over the network are forwarded over NVLink there
+        copies_intra += top_k * (d - 1) / d - copies_inter
     fwd_dispatch = FP8_DISPATCH_BYTES if fp8_dispatch else MOE_DISPATCH_BYTES
     per_value = [fwd_dispatch, MOE_DISPATCH_BYTES, MOE_DISPATCH_BYTES, MOE_DISPATCH_BYTES]   # fwd d, fwd c, bwd x2
     if full_recompute:

@@ -231,13 +231,17 @@ def step_trace(df: pd.DataFrame, title: str = "") -> alt.VConcatChart:
 
 def curves(df: pd.DataFrame, x: str, y: str, color: str, mark_x: float | None = None, log_x: bool = True,
            log_y: bool = True, title: str = "", y_format: str | None = None, x_format: str = ".3~s",
-           rule_x: float | None = None, x_title: str | None = None) -> alt.LayerChart:
+           rule_x: float | None = None, x_title: str | None = None,
+           y_domain: tuple[float, float] | None = None) -> alt.LayerChart:
     """Lines of ``y`` over ``x`` per ``color`` (log-log by default), a vertical rule at ``mark_x``; with
     their points marked when no series has more than 12 (a series of one point is then still seen).
     ``rule_x``: a threshold the title names (the 1.2x rule), drawn red and dashed as in ``headroom_bars``.
-    A log x axis spans the data (not the next powers of ten), its end points drawn whole."""
+    A log x axis spans the data (not the next powers of ten), its end points drawn whole. ``y_domain``: a
+    fixed y range (linear axes: the region that matters, not from zero)."""
     sx = alt.Scale(type="log", nice=False, padding=8) if log_x else alt.Scale()
     sy = alt.Scale(type="log") if log_y else alt.Scale()
+    if y_domain is not None:
+        sy = alt.Scale(type="log" if log_y else "linear", domain=list(y_domain), zero=False, nice=False)
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     xs = sorted(set(df[x])) if len(df) else []
     xaxis = (alt.Axis(format=x_format, labelOverlap="greedy", values=xs if len(xs) <= 12 else alt.Undefined)

@@ -196,12 +196,15 @@ def fp8_explorer(profile, gpu_key: str | None = None) -> W.VBox:
         else:
             values = {
                 "gemm_gain": ("a GEMM alone: the fp8 peak over the bf16 peak", f"{r['gemm_gain']:.2f}x"),
-                "bf16_step": ("step in bf16", f"{r['bf16_step_s']:.3g} s"),
-                "no_casts": ("step with fp8 GEMMs, no casts (the rest stays bf16)", f"{r['fp8_no_casts_s']:.3g} s"),
-                "fp8_step": (f"step in fp8, {recipe} casts included", f"{r['fp8_step_s']:.3g} s"),
-                "casts": ("the casts' time per step", f"{r['casts_s']:.3g} s"),
+                "bf16_step": ("step in bf16", f"{r['bf16_step_s']:.3f} s"),
+                "no_casts": ("step with fp8 GEMMs, no casts (the rest stays bf16)", f"{r['fp8_no_casts_s']:.3f} s"),
+                "fp8_step": (f"step in fp8, {recipe} casts included", f"{r['fp8_step_s']:.3f} s"),
+                "compute": ("compute, bf16 -> fp8", f"{r['bf16_compute_s']:.3f} -> {r['fp8_compute_s']:.3f} s"),
+                "exposed": ("exposed communication, bf16 -> fp8", f"{r['bf16_exposed_s']:.3f} -> {r['fp8_exposed_s']:.3f} s"),
+                "casts": ("the casts' time per step", f"{r['casts_s'] * 1e3:.1f} ms"),
                 "gain_no_casts": ("gain without casts", f"{r['gain_no_casts']:.3f}x"),
                 "gain": ("the real gain: step bf16 / step fp8", f"{r['gain']:.3f}x"),
+                "why": ("why not 2x", F.why(r)),
             }
         ok = [x for x in rows if not x["why_not"]]          # the chips offered all run the delayed recipe
         bars = pd.DataFrame([{"configuration": "a GEMM alone (peak ratio)", "step bf16 / step fp8": ok[0]["gemm_gain"]},

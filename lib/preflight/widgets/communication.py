@@ -105,7 +105,7 @@ def a2a_explorer(profile, gpu_key: str | None = None, label: str = "") -> W.VBox
 
         r = row(ep)
         values = {
-            "domains": ("NVLink domains the experts span", f"{r['domains']} of {r['gpus_per_domain']} GPUs"),
+            "domains": ("NVLink domains the experts span", f"{r['domains']} ({r['gpus_per_domain']} GPUs each)"),
             "network_copies": ("network copies of a token per all-to-all", f"{r['network_copies']:.3g}"),
             "nvlink_copies": ("NVLink copies of a token per all-to-all", f"{r['nvlink_copies']:.3g}"),
             "count": ("all-to-alls per MoE layer and micro-batch", f"{r['a2a_per_layer']}"),
@@ -123,6 +123,8 @@ def a2a_explorer(profile, gpu_key: str | None = None, label: str = "") -> W.VBox
         y = "seconds per step" if r["step_s"] is not None else "MB per layer"
         series = ({"all-to-all, all": "a2a_all_s", "all-to-all, exposed": "a2a_exposed_s", "compute": "compute_s"}
                   if r["step_s"] is not None else {"network": "network_MB", "NVLink": "nvlink_MB"})
+        if r["step_s"] is not None and not overlap:              # blocking: all of it is exposed, one line
+            series = {"all-to-all (blocking: all exposed)": "a2a_all_s", "compute": "compute_s"}
         rows = []
         for n in eps:
             rn = row(n)

@@ -136,7 +136,7 @@ def busiest_explorer(tokens: float, ep: int, top_k: int, capacity_factor: float 
     ks = sorted({1, 2, 4, 6, 8, 16} | {top_k})
     caps = [("dropless", 0.0)] + [(f"{c:g}", c) for c in sorted({1.0, 1.1, 1.25, 1.5, 2.0} | {capacity_factor or 1.25})]
     controls = {
-        "tokens": _log_slider(tokens, 1, 1e6, "tokens per rank (b s / cp)"),
+        "tokens": _log_slider(tokens, 1, 1e6, "tokens per rank (b s / cp)"),     # whole tokens: readout below
         "ep": W.SelectionSlider(options=eps, value=ep, description="expert-parallel ranks", style=style, layout=layout),
         "top_k": W.SelectionSlider(options=ks, value=top_k, description="experts per token k", style=style,
                                    layout=layout),
@@ -144,8 +144,10 @@ def busiest_explorer(tokens: float, ep: int, top_k: int, capacity_factor: float 
                           layout=layout),
     }
 
+    controls["tokens"].readout_format = ",.0f"
+
     def compute(tokens, ep, top_k, cap):
-        c = cap or None
+        c, tokens = cap or None, max(1, round(tokens))          # a rank receives whole tokens
         b = M.busiest_row(tokens, ep, top_k, c)
         values = {
             "mean": ("token copies a rank receives on average (tokens x k)", f"{b['mean_tokens']:,.0f}"),
@@ -162,8 +164,9 @@ def busiest_explorer(tokens: float, ep: int, top_k: int, capacity_factor: float 
         if c is not None:
             rows += [{"tokens per rank": n, "busiest / mean": M.busiest_row(n, ep, top_k, c)["wait"],
                       "curve": f"capacity {c:g}: wait"} for n in grid]
+        top = max(r["busiest / mean"] for r in rows)
         chart = charts.curves(pd.DataFrame(rows), "tokens per rank", "busiest / mean", "curve", mark_x=tokens,
-                              log_y=True, y_format=".2f",
+                              log_y=False, y_format=".2f", y_domain=(1.0, max(1.05, 1.02 * top)),
                               title=f"The busiest of {ep} expert-parallel ranks, top-{top_k}"
                                     + (f" ({label})" if label else ""))
         return readout(values), chart
