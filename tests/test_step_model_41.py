@@ -325,3 +325,20 @@ def test_selective_recompute_charges_its_modules():
                                  cluster=c).compute_s
     assert t(()) < t(None) < t(("core_attn", "mlp"))
     assert t(()) == pytest.approx(T.step_time(_lay(), model=m, cluster=c).compute_s)
+
+
+def test_an_unknown_chip_gets_no_shape_corrections():
+    """A chip of no calibrated generation runs at DEFAULT_EFFICIENCY with no shape term: fp8's gain is then the
+    peaks' ratio and the experts get no shape correction, exactly as when that efficiency is given."""
+    from preflight.models import moe as MOE
+    from preflight.models import throughput as T
+
+    m = _dense(matmul_speedup=2.0, experts=MOE.Experts(experts=64, top_k=8, expert_ffn=1024, moe_layers=32),
+               params=30e9)
+    unknown = _h100(chip=None, memory_GBps=None)
+    lay = _lay(ep=8, dp=8)
+    assert T.step_time(lay, model=m, cluster=unknown).compute_s == pytest.approx(
+        T.step_time(lay, model=m, cluster=unknown, efficiency=T.DEFAULT_EFFICIENCY).compute_s)
+    known = _h100(memory_GBps=None)
+    assert T.step_time(lay, model=m, cluster=known).compute_s != pytest.approx(
+        T.step_time(lay, model=m, cluster=known, efficiency=T.gemm_efficiency("H100-SXM", 4096)).compute_s)

@@ -378,7 +378,7 @@ ch.note("To see what NCCL really chose, run with `NCCL_DEBUG=INFO` and parse the
 # three levers:
 #
 # - **node-limited routing**: a token's experts sit on at most M = 4 nodes; it is sent once to each and
-#   forwarded there over NVLink: min(k, M)·(d−1)/d copies, **8·7/8 = 7 becomes 4·7/8 = 3.5**;
+#   forwarded there over NVLink: min(k, M, d)·(d−1)/d copies, **8·7/8 = 7 becomes 4·7/8 = 3.5**;
 # - **fp8 dispatch**: the forward dispatch moves 1 + 4/128 bytes per value instead of 2 (the combine and
 #   the backward stay bf16);
 # - **overlap** (DualPipe): one micro-batch's all-to-alls run under another's compute; only what exceeds

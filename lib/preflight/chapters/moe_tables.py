@@ -12,7 +12,7 @@ the profile and reads those functions, so a table row and the chapters' verdicts
 GPUs of its ``k`` experts and back: dispatch and combine forward, the same two backward (again forward with
 full recompute). With ``ep`` expert-parallel GPUs in ``d`` NVLink domains a copy leaves the domain with
 probability ``(d-1)/d``: ``k (d-1)/d`` network copies per token. Node-limited routing (DeepSeek-V3: at most
-4 nodes per token) sends a token once per remote domain and forwards it there over NVLink: ``min(k, M)
+4 nodes per token) sends a token once per remote domain and forwards it there over NVLink: ``min(k, M, d)
 (d-1)/d`` copies. DeepSeek-V3's 64-way EP over 8 nodes, top-8: 8 x 7/8 = 7 copies, 4 x 7/8 = 3.5 with M = 4.
 fp8 dispatch halves the forward dispatch's bytes (1 + 4/128 B per value, not 2); overlap hides the rest
 behind another micro-batch's compute.
@@ -32,6 +32,7 @@ from preflight.chapters import step as S
 from preflight.core.profile import Profile, load_profile
 from preflight.models import moe
 from preflight.models import throughput as T
+from preflight.models.activations import recomputed
 from preflight.models.comm import gbps_to_GBps
 
 EXAMPLE_MOE = REPO / "data" / "profiles" / "moe" / "deepseek-v3.yaml"
@@ -93,20 +94,18 @@ def domains(profile: Profile, ep: int) -> int:
     return max(1, ep // _ep_per_domain(profile, ep))
 
 
-def _layer(profile: Profile, **override) -> moe.A2A:
+def _layer(profile: Profile) -> moe.A2A:
     """``moe.a2a_layer`` with the inputs the step model gives it for this profile (``throughput.step_time``):
     one GPU's tokens of a micro-batch, the domain's expert-parallel GPUs, the GPU's share of the NICs."""
     m, t, c = profile.model, profile.training, profile.cluster
     e = m.expert_spec
-    args = dict(tokens=t.micro_batch_size * m.seq_len // t.cp, hidden=m.hidden, top_k=e.top_k, ep=t.ep,
-                ep_per_domain=_ep_per_domain(profile, t.ep),
-                nic_GBps=gbps_to_GBps(c.inter_node_Gbps) * min(1.0, profile.nics_per_node / c.gpus_per_node),
-                nvlink_GBps=c.intra_node_GBps, nic_latency_s=T.NIC_LATENCY_S, nvlink_latency_s=T.NVLINK_LATENCY_S,
-                fp8_dispatch=t.moe_dispatch_fp8, node_limit=t.moe_node_limit,
-                full_recompute=t.activation_recompute == "full")
-    args.update(override)
-    tokens, hidden, top_k, ep = (args.pop(k) for k in ("tokens", "hidden", "top_k", "ep"))
-    return moe.a2a_layer(tokens, hidden, top_k, ep, **args)
+    return moe.a2a_layer(t.micro_batch_size * m.seq_len // t.cp, m.hidden, e.top_k, t.ep,
+                         ep_per_domain=_ep_per_domain(profile, t.ep),
+                         nic_GBps=gbps_to_GBps(c.inter_node_Gbps) * min(1.0, profile.nics_per_node / c.gpus_per_node),
+                         nvlink_GBps=c.intra_node_GBps, nic_latency_s=T.NIC_LATENCY_S,
+                         nvlink_latency_s=T.NVLINK_LATENCY_S, fp8_dispatch=t.moe_dispatch_fp8,
+                         node_limit=t.moe_node_limit,
+                         full_recompute="moe" in recomputed(t.activation_recompute, t.recompute_modules))
 
 
 def a2a_row(profile: Profile, *, ep: int | str = PROFILE, node_limit: int | None | str = PROFILE,
@@ -129,15 +128,12 @@ def a2a_row(profile: Profile, *, ep: int | str = PROFILE, node_limit: int | None
             raise ValueError(f"training.{name} = {v!r}: accepted true or false")
     q = _with(profile, ep=ep, moe_node_limit=node_limit, moe_dispatch_fp8=fp8_dispatch, moe_a2a_overlap=overlap)
     x = _layer(q)
-    # copies of one token per all-to-all: the same call on one token of one value, in bf16, four all-to-alls
-    one = _layer(q, tokens=1, hidden=1, fp8_dispatch=False, full_recompute=False)
-    per = max(1, one.count) * moe.MOE_DISPATCH_BYTES
     ep_per_domain = _ep_per_domain(q, ep)
     ps = S.plan_step(q, gpu_key)
     row = {"ep": ep, "domains": domains(q, ep), "gpus_per_domain": ep_per_domain,
            "node_limit": node_limit, "routing": "every node" if node_limit is None else f"at most {node_limit} nodes",
            "fp8_dispatch": fp8_dispatch, "overlap": overlap,
-           "a2a_per_layer": x.count, "network_copies": one.inter_bytes / per, "nvlink_copies": one.intra_bytes / per,
+           "a2a_per_layer": x.count, "network_copies": x.network_copies, "nvlink_copies": x.nvlink_copies,
            "network_MB": x.inter_bytes / 1e6, "nvlink_MB": x.intra_bytes / 1e6, "layer_ms": x.seconds * 1e3,
            "a2a_all_s": None, "a2a_exposed_s": None, "compute_s": None, "step_s": None, "exposed_share": None}
     if ps is not None:

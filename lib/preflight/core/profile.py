@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from preflight.core.hardware import CHIPS
+from preflight.models.activations import RECOMPUTE_MODULES
 from preflight.models.states import STAGES
 
 
@@ -201,7 +202,7 @@ class Training(_Strict):
     activation_recompute: Literal["none", "selective", "op_selective", "full"] = Field(
         "none", description="none; selective (Megatron: the core attention recomputed); op_selective (torchtitan's "
         "op-level policy: every other matmul and the elementwise ops recomputed); full (each layer's forward again)")
-    recompute_modules: list[Literal["core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe"]] | None = Field(
+    recompute_modules: list[Literal[RECOMPUTE_MODULES]] | None = Field(
         None, description="with activation_recompute: selective, Megatron's --recompute-modules: what is recomputed "
         "(core_attn, layernorm, mla_up_proj, moe_act, mlp, moe); not given: [core_attn], Megatron's default; "
         "[]: nothing")

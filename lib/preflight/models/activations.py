@@ -55,6 +55,20 @@ MLP_MATMULS = {"gelu": 1, "swiglu": 2}    # projections h -> ffn (fc1; gate and 
 ELEMENT_BYTES = {"mixed": 2, "fp32": 4}   # activations: 16-bit in mixed precision; masks are 1 byte
 STATS_BYTES = 4                           # flash's logsumexp is fp32 in every kernel
 MLP_TENSORS = {"gelu": 2, "swiglu": 4}    # tensors of s b ffn kept by the MLP
+# Megatron's --recompute-modules, what its selective recompute can run again (transformer_config.py); the
+# memory model (``memory._adjust``) and the step model (``throughput.selective_flops``) read them through
+# :func:`recomputed`.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe")
+
+
+def recomputed(recompute: str, modules: tuple[str, ...] | None) -> frozenset[str]:
+    """The modules a layer runs again: under selective recompute ``modules`` (None: Megatron's default,
+    core_attn; (): nothing), under full every one of them, else none."""
+    if recompute == "full":
+        return frozenset(RECOMPUTE_MODULES)
+    if recompute == "selective":
+        return frozenset(("core_attn",) if modules is None else modules)
+    return frozenset()
 
 
 def layer_parts(seq_len: int, micro_batch_size: int, hidden: int, heads: int, kv_heads: int,

@@ -58,6 +58,14 @@ NVLS_GAIN, NVLS_MIN_LOCAL = 480.0 / 370.0, 5
 RING_NVLINK_SHARE = 370.0 / 450.0
 
 
+def sharp_nvlink_phase_s(buffer: float, ranks_per_node: int, intra_node_GBps: float) -> float:
+    """InfiniBand SHARP reduces across nodes in the switches, but a node's own ``k`` ranks still reduce and
+    gather the buffer over NVLink first: ``2 (k - 1) / k`` of it at the NVLink ring rate. SHARP's all-reduce
+    takes at least this long."""
+    k = ranks_per_node
+    return 2 * (k - 1) / k * buffer / (intra_node_GBps * RING_NVLINK_SHARE * 1e9) if k > 1 else 0.0
+
+
 def gbps_to_GBps(gbit_per_s: float) -> float:
     """Network links are quoted in Gb/s (bits); memory and buses in GB/s (bytes)."""
     return gbit_per_s / 8.0
@@ -281,11 +289,10 @@ def allreduce_plan(params: float, dp: int, grad_dtype: str = "fp32", tp: int = 1
     if in_network in ("sharp", "nvls+sharp") and link.name == "inter-node" and dp > 1 and place.ranks_per_node > 1:
         # the switches reduce across nodes, but the node's own ranks still reduce and gather over NVLink first:
         # SHARP's 2x is bounded by that phase
-        k = place.ranks_per_node
-        nvl = 2 * (k - 1) / k * buffer / (intra_node_GBps * RING_NVLINK_SHARE * 1e9)
+        nvl = sharp_nvlink_phase_s(buffer, place.ranks_per_node, intra_node_GBps)
         if nvl > t - ring_lat:
             t = nvl + ring_lat
-            why += f"; bounded by the NVLink phase among the node's {k} ranks"
+            why += f"; bounded by the NVLink phase among the node's {place.ranks_per_node} ranks"
     nic = gbps_to_GBps(inter_node_Gbps)
     if link.name == "inter-node":
         flat = volume / (nic * 1e9) + ring_lat

@@ -222,7 +222,6 @@ def layer_activation_bytes(seq_len: int, micro_batch_size: int, hidden: int, hea
 # activation output, recomputed from the up projection's (kept; shared experts untouched). mlp: a dense
 # layer's MLP; moe: a MoE layer's experts and routed tokens. Their recompute FLOPs are in the step model
 # (``throughput.selective_flops``).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe")
 # Megatron's fused SwiGLU (weighted_bias_swiglu) keeps the up projection's output (2 f) and the down
 # projection's input (f): 3 tensors of s b f, where the unfused PyTorch path (torchtitan) keeps 4.
 MEGATRON_SWIGLU_TENSORS = 3
@@ -238,8 +237,7 @@ def _adjust(parts: list[tuple[str, float, str]], p: Plan, moe_layer: bool) -> li
     if p.recompute in ("full", "op_selective"):
         return parts
     e, out = A.ELEMENT_BYTES[p.precision], []
-    mods = set(("core_attn",) if p.recompute_modules is None else p.recompute_modules) if p.recompute == "selective" \
-        else set()
+    mods = A.recomputed(p.recompute, p.recompute_modules)
     g = FP8_CACHE_BYTES if p.fp8_activation_cache else e          # a linear layer's kept input
     mla = p.qk_head_dim is not None
     sb = p.local_seq * p.micro_batch_size
@@ -311,11 +309,10 @@ def layer_parts(p: Plan) -> list[tuple[str, float, str]]:
                                 (p.moe.top_k + p.moe.shared) * p.moe.expert_ffn, p.mlp, p.attention, p.dropout,
                                 p.recompute, p.precision), p, True)
     w = p.moe.moe_layers / p.layers
-    names = [n for n, _, _ in dense] + [n for n, _, _ in moe if n not in {d for d, _, _ in dense}]
     a, b = {n: (x, sp) for n, x, sp in dense}, {n: (x, sp) for n, x, sp in moe}
-    parts = [(n, (1 - w) * a.get(n, (0.0, ""))[0] + w * b.get(n, (0.0, ""))[0], (a.get(n) or b.get(n))[1])
-             for n in names]
-    if p.recompute != "full" and not (p.recompute == "selective" and "moe" in (p.recompute_modules or ())):
+    parts = [(n, (1 - w) * a.get(n, (0.0, ""))[0] + w * b.get(n, (0.0, ""))[0], (a.get(n) or b[n])[1])
+             for n in dict.fromkeys([*a, *b])]                  # a part only one kind of layer keeps: weighted
+    if "moe" not in A.recomputed(p.recompute, p.recompute_modules):
         # the routed tokens (Megatron's token dispatcher, DeepEP): each token's k copies of h permuted into
         # the experts' inputs (a linear layer's input: fp8 under the fp8 cache). Megatron-Core multiplies the
         # router's probabilities inside the experts' activation (TEGroupedMLP's weighted_bias_swiglu; the

@@ -78,6 +78,8 @@ class A2A:
     inter_bytes: float             # bytes that cross the network, all of them together
     intra_bytes: float             # bytes that stay inside the NVLink domain
     seconds: float                 # the time, both links at once (the slower sets it)
+    network_copies: float = 0.0    # copies of a token one all-to-all sends across the network
+    nvlink_copies: float = 0.0     # ... and inside NVLink domains (incl. node-limited routing's forwarding)
 
 
 def a2a_layer(tokens: int, hidden: int, top_k: int, ep: int, *, ep_per_domain: int, nic_GBps: float,
@@ -113,7 +115,7 @@ def a2a_layer(tokens: int, hidden: int, top_k: int, ep: int, *, ep_per_domain: i
     n = len(per_value)
     t_inter = inter / (nic_GBps * 1e9) + (n * (d - 1) * nic_latency_s if d > 1 else 0.0)
     t_intra = intra / (nvlink_GBps * 1e9) + n * (min(ep, ep_per_domain) - 1) * nvlink_latency_s
-    return A2A(n, inter, intra, max(t_inter, t_intra))
+    return A2A(n, inter, intra, max(t_inter, t_intra), copies_inter, copies_intra)
 
 
 def all_to_all_bytes(tokens: int, hidden: int, top_k: int, ep: int) -> float:

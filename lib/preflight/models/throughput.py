@@ -66,6 +66,7 @@ import math
 from dataclasses import dataclass, replace
 
 from . import context as CP
+from .activations import recomputed
 from .comm import (
     BYTES_PER_ELEMENT,
     NVLS_GAIN,
@@ -75,6 +76,7 @@ from .comm import (
     dp_placement,
     gbps_to_GBps,
     ring_allreduce_time,
+    sharp_nvlink_phase_s,
 )
 from .flops import train_flops_per_token
 from .moe import Experts, active_params, params_per_gpu
@@ -327,7 +329,7 @@ def selective_flops(m: Model, modules: tuple[str, ...] | None) -> float:
     key/value up projections (``q_lora x heads x d_qk`` and ``kv_lora x heads x (d_qk - rope + d_v)``); mlp a
     dense layer's MLP; moe a MoE layer's experts (``k + shared`` expert MLPs). layernorm and moe_act recompute
     elementwise passes only (not counted: a few microseconds a layer)."""
-    mods = ("core_attn",) if modules is None else modules
+    mods = recomputed("selective", modules)
     out = 0.0
     if "core_attn" in mods:
         out += 2.0 * m.attention_width * m.seq_len * (0.5 if m.causal_flash else 1.0)
@@ -391,8 +393,7 @@ def _dp_link(cluster: Cluster, ranks: int, stride: int, pp: int):
     if "nvls" in net and link.name == "intra-node" and place.ranks_per_node >= NVLS_MIN_LOCAL:
         return replace(link, busbw_GBps=link.busbw_GBps * NVLS_GAIN), "nvls", 0.0
     if "sharp" in net and link.name == "inter-node":
-        k = place.ranks_per_node
-        return link, "sharp", 2 * (k - 1) / k / (cluster.intra_node_GBps * RING_NVLINK_SHARE * 1e9)
+        return link, "sharp", sharp_nvlink_phase_s(1.0, place.ranks_per_node, cluster.intra_node_GBps)
     return link, None, 0.0
 
 
@@ -437,18 +438,18 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
     if not 0 < eff <= 1:
         raise ValueError(f"efficiency must be in (0, 1] (got {efficiency!r})")
     rate = cluster.peak_tflops * 1e12 * eff
+    ceiling = GEMM_CEILING.get(chip_generation(cluster.chip) or "")     # None: no shape term (DEFAULT_EFFICIENCY)
     timed = model
-    if efficiency is None and model.matmul_speedup > 1:        # fp8 divides the math, not the shape's overhead
+    if efficiency is None and ceiling is not None and model.matmul_speedup > 1:   # fp8: the math, not the overhead
         timed = replace(model, matmul_speedup=fp8_gemm_speedup(model.matmul_speedup, h))
     fwd, bwd = layer_flops(timed, tokens_mb, lay.activation_recompute, lay.recompute_modules)
     t_fwd, t_bwd = fwd / tp / rate, bwd / tp / rate            # one layer, one micro-batch
-    if model.experts is not None and efficiency is None:       # routed experts' GEMMs at their own shapes
+    moe_again = "moe" in recomputed(lay.activation_recompute, lay.recompute_modules)   # the experts' forward again
+    if model.experts is not None and efficiency is None and ceiling is not None:   # experts' GEMMs at their shapes
         e = model.experts
         e_fwd = 2.0 * (e.top_k + e.shared) * e.mlp_params(h) * e.moe_layers / model.layers * tokens_mb
-        ceiling = eff * (1 + GEMM_HIDDEN_HALF / h)              # the chip's E: the shapes' overheads differ
         extra = e_fwd / tp / (cluster.peak_tflops * 1e12 * ceiling) * GEMM_HIDDEN_HALF * (1 / min(h, e.expert_ffn) - 1 / h)
-        again = 1.0 if (lay.activation_recompute in ("full", "op_selective")
-                        or (lay.activation_recompute == "selective" and "moe" in (lay.recompute_modules or ()))) else 0.0
+        again = 1.0 if moe_again or lay.activation_recompute == "op_selective" else 0.0
         t_fwd, t_bwd = t_fwd + extra, t_bwd + (2.0 + again) * extra
     if cluster.memory_GBps and efficiency is None:              # the elementwise passes, memory-bound (a measured
         # efficiency is the whole step's share of the peak: it already holds them)
@@ -520,8 +521,7 @@ def step_time(lay: Layout, *, model: Model, cluster: Cluster, efficiency: float 
         x = a2a_layer_of(tokens_mb, h, model.experts.top_k, lay.ep, ep_per_domain=max(1, min(lay.ep, cluster.domain // etp)),
                          nic_GBps=nic, nvlink_GBps=cluster.intra_node_GBps, nic_latency_s=NIC_LATENCY_S,
                          nvlink_latency_s=NVLINK_LATENCY_S, fp8_dispatch=model.dispatch_fp8, node_limit=model.node_limit,
-                         full_recompute=lay.activation_recompute == "full" or (
-                             lay.activation_recompute == "selective" and "moe" in (lay.recompute_modules or ())))
+                         full_recompute=moe_again)
         a2a_layer = x.seconds
         # DualPipe / Megatron's overlap_moe_expert_parallel_comm: one micro-batch's all-to-alls run under
         # another's attention and MLP compute; only what exceeds that compute shows
