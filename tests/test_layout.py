@@ -13,7 +13,10 @@ WINGS = ["core", "models", "diagnose", "toolkit", "harness", "bench", "chapters"
 # a table the memory formulas own (models.states, pure Python, no import of its own).
 # The second: the profile derives a mixture-of-experts model's active parameters from its expert shape
 # (models.moe, pure Python as well), so that every chapter reads one count.
-ALLOWED_UP = {("preflight.core.profile", "preflight.models.states"), ("preflight.core.profile", "preflight.models.moe")}
+# The third: the profile accepts Megatron's recompute modules from the table the memory and step models read
+# (models.activations.RECOMPUTE_MODULES, pure Python, no import of its own).
+ALLOWED_UP = {("preflight.core.profile", "preflight.models.states"), ("preflight.core.profile", "preflight.models.moe"),
+              ("preflight.core.profile", "preflight.models.activations")}
 
 
 def modules() -> dict[str, ast.Module]:
